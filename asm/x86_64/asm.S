@@ -1,0 +1,81 @@
+/*
+ * asm/x86_64/asm.S -- portability header for the x86-64 kernels.
+ *
+ * Every kernel file starts with `#include "asm.S"`.  The files are GNU as, AT&T syntax, run through the
+ * C preprocessor (`cc -c file.S`), so gcc and clang both assemble them.  System V AMD64 ABI only
+ * (Linux and macOS): arguments in rdi, rsi, rdx, rcx, r8, r9; xmm/ymm/zmm registers are all
+ * caller-saved; rbx, rbp, r12-r15 are callee-saved.  Every AVX function ends with vzeroupper.
+ *
+ *   function NAME        starts an exported function: aligned, global, typed (ELF), with the Mach-O
+ *                        leading underscore where the object format wants it.
+ *   endfunc              closes it (ELF: sets the symbol size).
+ *   const NAME, ALIGN    starts a read-only constant block (ALIGN is a power-of-two exponent).
+ *   endconst             closes it.
+ *   movrel REG, NAME     loads the address of a constant block, RIP-relative (position independent).
+ *
+ * Symbols are named gpt2asm_<op>_<dtype>_<isa>; docs/kernels.md documents each one.
+ */
+#ifndef GPT2ASM_X86_ASM_S
+#define GPT2ASM_X86_ASM_S
+
+#if defined(__APPLE__)
+#  define GPT2ASM_MACHO 1
+#else
+#  define GPT2ASM_ELF 1
+#endif
+
+#ifdef GPT2ASM_MACHO
+        .macro  function name
+        .text
+        .p2align 5
+        .globl  _\name
+_\name:
+        .macro  endfunc
+        .purgem endfunc
+        .endm
+        .endm
+
+        .macro  const name, align=6
+        .const_data
+        .p2align \align
+L_\name:
+        .macro  endconst
+        .purgem endconst
+        .endm
+        .endm
+
+        .macro  movrel reg, name
+        leaq    L_\name(%rip), \reg
+        .endm
+#else
+        .macro  function name
+        .text
+        .p2align 5
+        .globl  \name
+        .type   \name, @function
+\name:
+        .macro  endfunc
+        .size   \name, . - \name
+        .purgem endfunc
+        .endm
+        .endm
+
+        .macro  const name, align=6
+        .section .rodata
+        .p2align \align
+.L_\name:
+        .macro  endconst
+        .purgem endconst
+        .endm
+        .endm
+
+        .macro  movrel reg, name
+        leaq    .L_\name(%rip), \reg
+        .endm
+
+        /* no executable stack */
+        .section .note.GNU-stack, "", @progbits
+        .text
+#endif
+
+#endif /* GPT2ASM_X86_ASM_S */

@@ -1,0 +1,46 @@
+"""One exception family for everything a user can get wrong.
+
+Every error that bad input, a bad file or a bad flag can cause is a GPT2AsmError, so callers (and the
+CLI, which turns them into one line and exit status 2) can tell user errors from bugs.
+"""
+
+
+class GPT2AsmError(Exception):
+    """Base class of every user-facing gpt2asm error."""
+
+
+class InvalidArgumentError(GPT2AsmError, ValueError):
+    """A size, flag, token id or other argument is out of range or of the wrong kind."""
+
+
+class CheckpointError(GPT2AsmError):
+    """model.safetensors / config.json is missing, malformed, truncated or not a GPT-2 checkpoint."""
+
+
+class TokenizerError(GPT2AsmError):
+    """vocab.json / merges.txt is missing or malformed, or a token cannot be encoded/decoded."""
+
+
+class ModelNotFoundError(GPT2AsmError):
+    """No model files where they were looked for."""
+
+
+class LibraryError(GPT2AsmError):
+    """The assembly library is missing, stale or cannot be loaded."""
+
+
+class KernelUnavailableError(GPT2AsmError):
+    """The requested kernel family (ISA) is not supported by this CPU/OS."""
+
+
+class ContextOverflowError(GPT2AsmError):
+    """More tokens than the model's context holds."""
+
+    def __init__(self, needed: int, available: int):
+        self.needed = needed
+        self.available = available
+        super().__init__(f"context overflow: {needed} tokens needed, the model holds {available}")
+
+
+class NonFiniteLogitsError(GPT2AsmError):
+    """The forward pass produced NaN or infinite logits (bad weights?); nothing is sampled from them."""

@@ -1,0 +1,46 @@
+"""Per-sequence state: the KV cache and the activation buffers of one forward step.
+
+KV cache layout (docs/kernels.md, attention): k, v [n_layer][n_head][n_ctx][64] float32 — each head's
+keys and values contiguous, so attention streams them in position order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import GPT2Config
+from .kernels import HEAD_DIM, TILE, aligned_empty
+
+
+def padded(n: int) -> int:
+    """n rounded up to a whole number of 64-output tiles."""
+    return -(-n // TILE) * TILE
+
+
+class State:
+    def __init__(self, cfg: GPT2Config, threads: int = 1):
+        C, L, H, T = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_ctx
+        self.cfg = cfg
+        self.k = aligned_empty((L, H, T, HEAD_DIM))         # [layer][head][pos][64]
+        self.v = aligned_empty((L, H, T, HEAD_DIM))
+        self.x = aligned_empty(C)                           # residual stream
+        self.h = aligned_empty(C)                           # LayerNorm output
+        self.qkv = aligned_empty(padded(3 * C))             # q | k | v, heads side by side
+        self.att = aligned_empty(C)                         # attention output
+        self.proj = aligned_empty(padded(C))                # c_proj output, added to x
+        self.fc = aligned_empty(padded(4 * C))              # MLP hidden
+        self.logits = aligned_empty(padded(cfg.vocab_size))  # [vocab padded to 64]
+        self.scratch = [aligned_empty(-(-T // 16) * 16) for _ in range(threads)]  # attention scores
+        self.n = 0                                          # positions held in the cache
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def snapshot(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """(n, k, v): copies of the filled part of the cache."""
+        return self.n, self.k[:, :, :self.n].copy(), self.v[:, :, :self.n].copy()
+
+    def restore(self, snap: tuple[int, np.ndarray, np.ndarray]) -> None:
+        n, k, v = snap
+        self.k[:, :, :n] = k
+        self.v[:, :, :n] = v
+        self.n = n

@@ -1,0 +1,512 @@
+"""Load a GPT-2 model.safetensors and lay its weights out for the assembly kernels.
+
+The file is memory-mapped and its header parsed here (no safetensors/torch dependency), with every
+structural problem reported as a CheckpointError:
+
+    [8 bytes: header length N, little-endian u64][N bytes: JSON header][data buffer]
+    header = {"__metadata__": {...}?, name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...}
+    (offsets are relative to the start of the data buffer)
+
+Both naming forms are accepted: 'transformer.h.0.attn.c_attn.weight' (save_pretrained) and
+'h.0.attn.c_attn.weight' (the hub's gpt2 file). The causal-mask buffers h.N.attn.bias / h.N.attn.masked_bias
+are ignored. lm_head.weight is optional: when present it is the output head, otherwise the head is tied to wte.
+
+Engine layout (see tile_matrix): every matrix multiply  y[out] = x[in] @ W[in][out] + b  uses W tiled as
+    Wt[ceil(out/64)][in][64],  Wt[t][i][j] = W[i][64t + j]   (zero for 64t + j >= out)
+so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32 or float16
+(dtype='f16'), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import GPT2Config, infer_config
+from .errors import CheckpointError, InvalidArgumentError, ModelNotFoundError
+
+ALIGN = 64                       # bytes; every array handed to the engine starts on a 64-byte boundary
+TILE = 64                        # outputs per tile of a tiled matrix
+MAX_HEADER = 100_000_000         # same limit as the safetensors library
+F16_MAX = 65504.0
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+# safetensors dtype -> item size in bytes (all the dtypes of the format, so any file's sizes can be checked)
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+             "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4,
+             "U64": 8, "I64": 8, "F64": 8, "C64": 8}
+# the dtypes whose weights we can use -> how they are viewed in numpy (BF16 as raw bits)
+_NUMPY_DTYPE = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+_ENGINE_DTYPES = {"f32": np.float32, "f16": np.float16}
+
+_IGNORED_RE = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")   # causal-mask buffers, not weights
+_BLOCK_RE = re.compile(r"^h\.(\d+)\.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# aligned arrays and the tiled layout
+# ----------------------------------------------------------------------------------------------------
+
+def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
+    """Uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.empty(nbytes + align, dtype=np.uint8)
+    start = (-buf.ctypes.data) % align
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_zeros(shape, dtype, align: int = ALIGN) -> np.ndarray:
+    a = aligned_empty(shape, dtype, align)
+    a.fill(0)
+    return a
+
+
+def _engine_dtype(dtype) -> np.dtype:
+    if isinstance(dtype, str) and dtype in _ENGINE_DTYPES:
+        return np.dtype(_ENGINE_DTYPES[dtype])
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise InvalidArgumentError(f"matrix dtype must be float32/'f32' or float16/'f16', got {dtype!r}")
+    return dt
+
+
+def tile_matrix(w_in_out: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """HF Conv1D weight W[in][out] -> Wt[ceil(out/64)][in][64] with Wt[t][i][j] = W[i][64t+j], zero-padded.
+
+    Conversion to float16 rounds to nearest even. The result is C-contiguous and 64-byte aligned.
+    """
+    w = np.asarray(w_in_out)
+    if w.ndim != 2:
+        raise InvalidArgumentError(f"tile_matrix expects a 2-D [in][out] matrix, got shape {w.shape}")
+    dt = _engine_dtype(dtype)
+    n_in, n_out = w.shape
+    n_tiles, full = -(-n_out // TILE), n_out // TILE
+    out = aligned_empty((n_tiles, n_in, TILE), dt)                       # [T][in][64]
+    if full:
+        src = w[:, :full * TILE].reshape(n_in, full, TILE).transpose(1, 0, 2)   # [full][in][64] view
+        np.copyto(out[:full], src, casting="same_kind")
+    if full < n_tiles:                                                   # last, partial tile
+        rest = n_out - full * TILE
+        np.copyto(out[full, :, :rest], w[:, full * TILE:], casting="same_kind")
+        out[full, :, rest:] = 0
+    return out
+
+
+def tile_head(w_out_in: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Output head from wte / lm_head.weight E[V][C] (logits = x @ E.T, i.e. in=C, out=V).
+
+    Returns Et[ceil(V/64)][C][64] with Et[t][i][j] = E[64t+j][i] (zero for 64t+j >= V) -- exactly
+    tile_matrix(E.T) -- built tile by tile from a (T, 64, C) -> (T, C, 64) transposed view of E, without
+    materialising E.T.
+    """
+    e = np.asarray(w_out_in)
+    if e.ndim != 2:
+        raise InvalidArgumentError(f"tile_head expects a 2-D [V][C] matrix, got shape {e.shape}")
+    dt = _engine_dtype(dtype)
+    n_out, n_in = e.shape
+    n_tiles, full = -(-n_out // TILE), n_out // TILE
+    out = aligned_empty((n_tiles, n_in, TILE), dt)                       # [T][C][64]
+    if full:
+        src = e[:full * TILE].reshape(full, TILE, n_in).transpose(0, 2, 1)   # [full][C][64] view
+        np.copyto(out[:full], src, casting="same_kind")
+    if full < n_tiles:
+        rest = n_out - full * TILE
+        np.copyto(out[full, :, :rest], e[full * TILE:].T, casting="same_kind")
+        out[full, :, rest:] = 0
+    return out
+
+
+def pad_vector(b: np.ndarray, n: int | None = None) -> np.ndarray:
+    """float32 copy of the 1-D vector b, zero-padded to length n (default: len(b) rounded up to 64),
+    64-byte aligned."""
+    b = np.asarray(b)
+    if b.ndim != 1:
+        raise InvalidArgumentError(f"pad_vector expects a 1-D vector, got shape {b.shape}")
+    if n is None:
+        n = -(-b.shape[0] // TILE) * TILE
+    if n < b.shape[0]:
+        raise InvalidArgumentError(f"pad_vector: n={n} is shorter than the vector ({b.shape[0]})")
+    out = aligned_empty((n,), np.float32)
+    np.copyto(out[:b.shape[0]], b, casting="same_kind")
+    out[b.shape[0]:] = 0
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# safetensors parsing
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str            # name as stored in the file
+    dtype: str           # safetensors dtype, e.g. 'F32'
+    shape: tuple         # dimensions
+    begin: int           # byte offsets into the data buffer
+    end: int
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _DuplicateKey(k)
+        seen[k] = v
+    return seen
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class SafetensorsFile:
+    """A memory-mapped, validated safetensors file. `entries` maps stored names to TensorEntry."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        p = self.path
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise ModelNotFoundError(f"{p}: file not found") from None
+        if size == 0:
+            raise CheckpointError(f"{p}: file is empty")
+        if size < 8:
+            raise CheckpointError(f"{p}: file is {size} bytes, too short for a safetensors header (truncated?)")
+        try:
+            with open(p, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{p}: cannot map the file: {e}") from None
+        n = int.from_bytes(self._mm[:8], "little")
+        if n > MAX_HEADER:
+            raise CheckpointError(f"{p}: header length {n} is absurd (limit {MAX_HEADER}); not a safetensors file?")
+        if 8 + n > size:
+            raise CheckpointError(f"{p}: header length {n} goes beyond the end of the file ({size} bytes; "
+                                  f"truncated or not a safetensors file?)")
+        self.data_start = 8 + n
+        self.data_len = size - self.data_start
+        header = self._parse_header(bytes(self._mm[8:8 + n]))
+        meta = header.pop("__metadata__", None)
+        if meta is not None and not isinstance(meta, dict):
+            raise CheckpointError(f"{p}: __metadata__ must be a JSON object, got {type(meta).__name__}")
+        self.metadata = meta or {}
+        self.entries = {name: self._parse_entry(name, info) for name, info in header.items()}
+        self._check_overlaps()
+
+    def _parse_header(self, raw: bytes) -> dict:
+        p = self.path
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{p}: header is not valid UTF-8 ({e}); not a safetensors file?") from None
+        try:
+            header = json.loads(text, object_pairs_hook=_no_duplicates)
+        except _DuplicateKey as e:
+            raise CheckpointError(f"{p}: duplicate tensor name {e.args[0]!r} in the header") from None
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{p}: header is not valid JSON ({e}); not a safetensors file?") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{p}: header must be a JSON object, got {type(header).__name__}")
+        return header
+
+    def _parse_entry(self, name: str, info) -> TensorEntry:
+        where = f"{self.path}: tensor {name!r}"
+        if not isinstance(info, dict):
+            raise CheckpointError(f"{where}: header entry must be an object, got {type(info).__name__}")
+        missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
+        if missing:
+            raise CheckpointError(f"{where}: header entry lacks {', '.join(missing)}")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in _ITEMSIZE:
+            raise CheckpointError(f"{where}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(_is_int(o) and o >= 0 for o in offsets)):
+            raise CheckpointError(f"{where}: data_offsets must be two non-negative integers, got {offsets!r}")
+        begin, end = offsets
+        if end < begin:
+            raise CheckpointError(f"{where}: data_offsets end {end} < begin {begin}")
+        if end > self.data_len:
+            raise CheckpointError(f"{where}: data_offsets [{begin}, {end}] go beyond the data "
+                                  f"({self.data_len} bytes; file truncated?)")
+        expected = math.prod(shape) * _ITEMSIZE[dtype]
+        if end - begin != expected:
+            raise CheckpointError(f"{where}: {end - begin} bytes of data, but shape {shape} of {dtype} "
+                                  f"needs {expected}")
+        return TensorEntry(name, dtype, tuple(shape), begin, end)
+
+    def _check_overlaps(self) -> None:
+        spans = sorted((e.begin, e.end, e.name) for e in self.entries.values() if e.end > e.begin)
+        for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise CheckpointError(f"{self.path}: tensors {n0!r} [{b0}, {e0}] and {n1!r} [{b1}, {e1}] overlap")
+
+    def raw(self, name: str) -> np.ndarray:
+        """Zero-copy read-only view of a F32/F16/BF16 tensor (BF16 as uint16 bits) in its stored shape."""
+        e = self.entries[name]
+        if e.dtype not in _NUMPY_DTYPE:
+            raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {e.dtype}; only F32, F16 and BF16 "
+                                  f"are supported")
+        dt = np.dtype(_NUMPY_DTYPE[e.dtype])
+        a = np.frombuffer(self._mm, dtype=dt, count=(e.end - e.begin) // dt.itemsize,
+                          offset=self.data_start + e.begin)
+        return a.reshape(e.shape)
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoint -> engine arrays
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Layer:
+    """One transformer block; matrices tiled [out/64][in][64], vectors float32 (C = n_embd)."""
+    ln1_g: np.ndarray        # [C]
+    ln1_b: np.ndarray        # [C]
+    attn_w: np.ndarray       # [3C/64][C][64]   c_attn (q | k | v)
+    attn_b: np.ndarray       # [3C] (padded to a multiple of 64)
+    attn_proj_w: np.ndarray  # [C/64][C][64]
+    attn_proj_b: np.ndarray  # [C]
+    ln2_g: np.ndarray        # [C]
+    ln2_b: np.ndarray        # [C]
+    fc_w: np.ndarray         # [4C/64][C][64]
+    fc_b: np.ndarray         # [4C]
+    proj_w: np.ndarray       # [C/64][4C][64]
+    proj_b: np.ndarray       # [C]
+
+
+@dataclass
+class Weights:
+    config: GPT2Config
+    dtype: str                      # 'f32' or 'f16': dtype of the tiled matrices
+    wte: np.ndarray                 # [V][C] float32 (a read-only view of the mapped file when possible)
+    wpe: np.ndarray                 # [n_ctx][C] float32
+    ln_f_g: np.ndarray              # [C]
+    ln_f_b: np.ndarray              # [C]
+    head_w: np.ndarray              # [V_pad/64][C][64]: logits = x @ wte.T (or lm_head.weight.T)
+    head_b: None                    # GPT-2 has no output bias
+    n_vocab_padded: int             # V rounded up to a multiple of 64
+    layers: list = field(default_factory=list)   # n_layer Layer objects
+    tied_head: bool = True          # head_w came from wte (no lm_head.weight in the file)
+    wte_is_mapped: bool = False     # wte is a zero-copy view of the file
+    path: Path | None = None        # the model.safetensors that was loaded
+    source_dtype: str = "F32"       # stored dtype(s) of the weights, e.g. 'F32' or 'F16' or 'F16+F32'
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the engine arrays (not counting a mapped wte)."""
+        arrays = [self.wpe, self.ln_f_g, self.ln_f_b, self.head_w]
+        arrays += [a for layer in self.layers for a in vars(layer).values()]
+        return sum(a.nbytes for a in arrays) + (0 if self.wte_is_mapped else self.wte.nbytes)
+
+
+def _expected_shapes(cfg: GPT2Config) -> dict:
+    """Bare tensor name -> shape for every tensor the engine needs (lm_head.weight is optional)."""
+    C, V = cfg.n_embd, cfg.vocab_size
+    shapes = {"wte.weight": (V, C), "wpe.weight": (cfg.n_ctx, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        shapes.update({
+            p + "ln_1.weight": (C,), p + "ln_1.bias": (C,),
+            p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
+            p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
+            p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+            p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
+            p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,),
+        })
+    return shapes
+
+
+def _listing(names, limit: int = 5) -> str:
+    names = list(names)
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _resolve(path) -> tuple[Path, Path | None]:
+    """-> (model.safetensors path, config.json path or None)."""
+    p = Path(path)
+    if p.is_dir():
+        f = p / MODEL_FILE
+        if not f.is_file():
+            others = [n for n in ("pytorch_model.bin", "model.ckpt.index", "tf_model.h5") if (p / n).exists()]
+            hint = f" (found {', '.join(others)}; only safetensors is supported)" if others else ""
+            raise ModelNotFoundError(f"{p}: no {MODEL_FILE} in this directory{hint}")
+    elif p.is_file():
+        f = p
+    else:
+        raise ModelNotFoundError(f"{p}: no such model directory or file")
+    cfg = f.parent / CONFIG_FILE
+    return f, (cfg if cfg.is_file() else None)
+
+
+class _Loader:
+    """Validates a SafetensorsFile against a config and converts its tensors."""
+
+    def __init__(self, st: SafetensorsFile, config_path: Path | None):
+        self.st = st
+        self.where = str(st.path)
+        self.names = self._normalise_names()          # bare name -> stored name
+        self.config = self._config(config_path)
+        self._check_tensor_set()
+
+    def _normalise_names(self) -> dict:
+        names = {}
+        for stored in self.st.entries:
+            bare = stored[len("transformer."):] if stored.startswith("transformer.") else stored
+            if bare in names:
+                raise CheckpointError(f"{self.where}: tensor {bare!r} is stored twice "
+                                      f"(as {names[bare]!r} and {stored!r})")
+            names[bare] = stored
+        return names
+
+    def _config(self, config_path: Path | None) -> GPT2Config:
+        if config_path is not None:
+            return GPT2Config.from_json(config_path)
+        try:
+            shapes = {bare: self.st.entries[stored].shape for bare, stored in self.names.items()
+                      if not _IGNORED_RE.match(bare)}
+            return infer_config(shapes)
+        except CheckpointError as e:
+            raise CheckpointError(f"{self.where} (no config.json beside it): {e}") from None
+
+    def _check_tensor_set(self) -> None:
+        cfg, where = self.config, self.where
+        expected = _expected_shapes(cfg)
+        present = {b for b in self.names if not _IGNORED_RE.match(b)}
+        blocks = {int(m.group(1)) for b in present if (m := _BLOCK_RE.match(b))}
+        if blocks and max(blocks) >= cfg.n_layer:
+            raise CheckpointError(f"{where}: the config says n_layer={cfg.n_layer} but the file has blocks up "
+                                  f"to h.{max(blocks)}")
+        missing = [n for n in expected if n not in present]
+        if missing:
+            raise CheckpointError(f"{where}: missing tensor(s): {_listing(missing)}")
+        unknown = sorted(present - expected.keys() - {"lm_head.weight"})
+        if unknown:
+            raise CheckpointError(f"{where}: unexpected tensor(s), not part of GPT-2: {_listing(unknown)}")
+        if "lm_head.weight" in present:
+            expected["lm_head.weight"] = expected["wte.weight"]
+        bad = [f"{self.names[n]} ({self.st.entries[self.names[n]].dtype})" for n in expected
+               if self.st.entries[self.names[n]].dtype not in _NUMPY_DTYPE]
+        if bad:
+            raise CheckpointError(f"{where}: unsupported dtype(s) (only F32, F16, BF16): {_listing(bad)}")
+        wrong = [f"{self.names[n]} is {list(self.st.entries[self.names[n]].shape)}, expected {list(s)}"
+                 for n, s in expected.items() if self.st.entries[self.names[n]].shape != s]
+        if wrong:
+            raise CheckpointError(f"{where}: wrong shape(s) for n_layer={cfg.n_layer} n_embd={cfg.n_embd} "
+                                  f"n_ctx={cfg.n_ctx} vocab={cfg.vocab_size}: {_listing(wrong, 3)}")
+        self.used = list(expected)
+
+    # -- tensor access ----------------------------------------------------------------------------
+
+    def raw(self, bare: str) -> np.ndarray:
+        return self.st.raw(self.names[bare])
+
+    def float32(self, bare: str, f16_target: bool = False) -> np.ndarray:
+        """The tensor as float32 (a zero-copy view for F32 files), checked finite; with f16_target also
+        checked to fit float16."""
+        name, dtype = self.names[bare], self.st.entries[self.names[bare]].dtype
+        raw = self.st.raw(name)
+        if dtype == "F32":
+            a = raw
+        elif dtype == "F16":
+            a = raw.astype(np.float32)
+        else:  # BF16: the high half of a float32
+            a = (raw.astype(np.uint32) << 16).view(np.float32)
+        if a.size:
+            lo, hi = float(a.min()), float(a.max())          # NaN propagates through min/max
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                bad = ~np.isfinite(a)
+                first = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise CheckpointError(f"{self.where}: tensor {name!r} has {int(bad.sum())} non-finite "
+                                      f"value(s) (NaN/inf), e.g. at index {list(first)}")
+            if f16_target and dtype != "F16" and max(-lo, hi) > F16_MAX:
+                raise CheckpointError(f"{self.where}: tensor {name!r} has values up to {max(-lo, hi):.4g}, "
+                                      f"beyond float16's range ({F16_MAX}); load it with dtype='f32'")
+        return a
+
+    def vector(self, bare: str) -> np.ndarray:
+        return pad_vector(self.float32(bare))
+
+    def matrix(self, bare: str, dt) -> np.ndarray:
+        return tile_matrix(self.float32(bare, f16_target=dt == np.float16), dt)
+
+
+def _aligned_copy(a: np.ndarray) -> np.ndarray:
+    out = aligned_empty(a.shape, np.float32)
+    np.copyto(out, a, casting="same_kind")
+    return out
+
+
+def load_weights(path, dtype: str = "f32") -> Weights:
+    """Load model.safetensors (a model directory or the file itself; config.json beside it is used when
+    present, otherwise the config is inferred from the shapes) and build the engine's arrays.
+
+    dtype 'f16' stores the tiled matrices (blocks and output head) as float16; everything else is float32.
+    """
+    if dtype not in _ENGINE_DTYPES:
+        raise InvalidArgumentError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+    dt = np.dtype(_ENGINE_DTYPES[dtype])
+    file, config_path = _resolve(path)
+    ld = _Loader(SafetensorsFile(file), config_path)
+    cfg = ld.config
+
+    layers = []
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        layers.append(Layer(
+            ln1_g=ld.vector(p + "ln_1.weight"),
+            ln1_b=ld.vector(p + "ln_1.bias"),
+            attn_w=ld.matrix(p + "attn.c_attn.weight", dt),
+            attn_b=ld.vector(p + "attn.c_attn.bias"),
+            attn_proj_w=ld.matrix(p + "attn.c_proj.weight", dt),
+            attn_proj_b=ld.vector(p + "attn.c_proj.bias"),
+            ln2_g=ld.vector(p + "ln_2.weight"),
+            ln2_b=ld.vector(p + "ln_2.bias"),
+            fc_w=ld.matrix(p + "mlp.c_fc.weight", dt),
+            fc_b=ld.vector(p + "mlp.c_fc.bias"),
+            proj_w=ld.matrix(p + "mlp.c_proj.weight", dt),
+            proj_b=ld.vector(p + "mlp.c_proj.bias"),
+        ))
+
+    wte = ld.float32("wte.weight", f16_target=dt == np.float16 and "lm_head.weight" not in ld.names)
+    wte_is_mapped = wte.base is not None and ld.st.entries[ld.names["wte.weight"]].dtype == "F32" \
+        and wte.ctypes.data % ALIGN == 0
+    if not wte_is_mapped:
+        wte = _aligned_copy(wte)
+    tied = "lm_head.weight" not in ld.names
+    head_src = wte if tied else ld.float32("lm_head.weight", f16_target=dt == np.float16)
+
+    stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
+    return Weights(
+        config=cfg,
+        dtype=dtype,
+        wte=wte,                                            # [V][C]
+        wpe=_aligned_copy(ld.float32("wpe.weight")),        # [n_ctx][C]
+        ln_f_g=ld.vector("ln_f.weight"),                    # [C]
+        ln_f_b=ld.vector("ln_f.bias"),                      # [C]
+        head_w=tile_head(head_src, dt),                     # [V_pad/64][C][64]
+        head_b=None,
+        n_vocab_padded=-(-cfg.vocab_size // TILE) * TILE,
+        layers=layers,
+        tied_head=tied,
+        wte_is_mapped=wte_is_mapped,
+        path=file,
+        source_dtype="+".join(stored),
+    )

@@ -1,0 +1,56 @@
+"""Shared fixtures: a fresh library, the real tokenizer files, random-init checkpoints (cached)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "test-models"
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def pytest_sessionstart(session):
+    """Build the library once if it is missing or stale, before any test imports it."""
+    if subprocess.run([sys.executable, str(ROOT / "build.py"), "--check"], capture_output=True).returncode:
+        subprocess.run([sys.executable, str(ROOT / "build.py"), "-q"], check=True)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    from fetch_tokenizer import ensure_tokenizer
+    return Path(ensure_tokenizer(ROOT / "models" / "tokenizer"))
+
+
+def checkpoint(name: str, tokenizer_dir: Path, **kw) -> Path:
+    """A random-init checkpoint under .cache/test-models/NAME, rewritten only when its recipe changes."""
+    from make_checkpoint import make_checkpoint
+    d = CACHE / name
+    recipe = json.dumps(kw, sort_keys=True)
+    stamp = d / "recipe.json"
+    if not (stamp.exists() and stamp.read_text() == recipe and (d / "model.safetensors").exists()):
+        make_checkpoint(d, tokenizer_dir=tokenizer_dir, **kw)
+        stamp.write_text(recipe)
+    return d
+
+
+@pytest.fixture(scope="session")
+def ckpt_tiny(tokenizer_dir) -> Path:
+    """2 layers, 128 wide, 2 heads, real vocabulary; save_pretrained layout."""
+    return checkpoint("tiny-hf", tokenizer_dir, size="tiny", seed=1, layout="hf")
+
+
+@pytest.fixture(scope="session")
+def ckpt_124m(tokenizer_dir) -> Path:
+    """The full GPT-2 124M shape, random weights; the hub's bare-name layout with mask buffers."""
+    return checkpoint("124M-hub", tokenizer_dir, size="124M", seed=2, layout="hub")
+
+
+@pytest.fixture(scope="session")
+def families() -> list[str]:
+    from gpt2asm.kernels import available_families
+    return available_families()
