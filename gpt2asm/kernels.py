@@ -236,7 +236,7 @@ class Kernels:
         if not isinstance(threads, int) or not 1 <= threads <= 256:
             raise InvalidArgumentError(f"threads must be an integer in 1..256, got {threads!r}")
         self.lib = load_library()
-        self.family = choose_family(family)
+        self.family = self._choose(family)
         self.threads = threads
         self.pool = Pool(threads) if threads > 1 else None
         s = self.family
@@ -260,7 +260,12 @@ class Kernels:
         #                                  size_t head_begin, size_t head_end);
         self.attention_f32 = self._bind(f"gpt2asm_attention_f32_{s}", [P, P, P, P, P, N, N, N, N])
 
+    def _choose(self, family):
+        """The family to bind (a test harness may override this and _bind, e.g. to emulate)."""
+        return choose_family(family)
+
     def _bind(self, name: str, argtypes):
+        """A callable for one exported symbol taking integer addresses and sizes."""
         try:
             fn = getattr(self.lib, name)
         except AttributeError:
@@ -354,11 +359,3 @@ class Kernels:
                                      int(n_pos), n_ctx * HEAD_DIM, n_head))
         return out
 
-
-def aligned_empty(shape, dtype=np.float32) -> np.ndarray:
-    """A zero-filled C-contiguous array whose data starts on a 64-byte boundary."""
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape)) * dtype.itemsize
-    raw = np.zeros(n + ALIGN, np.uint8)
-    off = (-raw.ctypes.data) % ALIGN
-    return raw[off:off + n].view(dtype).reshape(shape)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from .config import GPT2Config
-from .kernels import HEAD_DIM, TILE, aligned_empty
+from .kernels import HEAD_DIM, TILE
+from .weights import aligned_zeros
 
 
 def padded(n: int) -> int:
@@ -16,20 +17,24 @@ def padded(n: int) -> int:
     return -(-n // TILE) * TILE
 
 
+def zeros(shape) -> np.ndarray:
+    return aligned_zeros(shape, np.float32)
+
+
 class State:
     def __init__(self, cfg: GPT2Config, threads: int = 1):
         C, L, H, T = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_ctx
         self.cfg = cfg
-        self.k = aligned_empty((L, H, T, HEAD_DIM))         # [layer][head][pos][64]
-        self.v = aligned_empty((L, H, T, HEAD_DIM))
-        self.x = aligned_empty(C)                           # residual stream
-        self.h = aligned_empty(C)                           # LayerNorm output
-        self.qkv = aligned_empty(padded(3 * C))             # q | k | v, heads side by side
-        self.att = aligned_empty(C)                         # attention output
-        self.proj = aligned_empty(padded(C))                # c_proj output, added to x
-        self.fc = aligned_empty(padded(4 * C))              # MLP hidden
-        self.logits = aligned_empty(padded(cfg.vocab_size))  # [vocab padded to 64]
-        self.scratch = [aligned_empty(-(-T // 16) * 16) for _ in range(threads)]  # attention scores
+        self.k = zeros((L, H, T, HEAD_DIM))         # [layer][head][pos][64]
+        self.v = zeros((L, H, T, HEAD_DIM))
+        self.x = zeros(C)                           # residual stream
+        self.h = zeros(C)                           # LayerNorm output
+        self.qkv = zeros(padded(3 * C))             # q | k | v, heads side by side
+        self.att = zeros(C)                         # attention output
+        self.proj = zeros(padded(C))                # c_proj output, added to x
+        self.fc = zeros(padded(4 * C))              # MLP hidden
+        self.logits = zeros(padded(cfg.vocab_size))  # [vocab padded to 64]
+        self.scratch = [zeros(-(-T // 16) * 16) for _ in range(threads)]  # attention scores
         self.n = 0                                          # positions held in the cache
 
     def reset(self) -> None:

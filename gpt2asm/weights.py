@@ -35,6 +35,7 @@ ALIGN = 64                       # bytes; every array handed to the engine start
 TILE = 64                        # outputs per tile of a tiled matrix
 MAX_HEADER = 100_000_000         # same limit as the safetensors library
 F16_MAX = 65504.0
+F16_OVERFLOW = 65520.0            # float32 values >= this round to inf in float16
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -300,7 +301,7 @@ class Weights:
     ln_f_g: np.ndarray              # [C]
     ln_f_b: np.ndarray              # [C]
     head_w: np.ndarray              # [V_pad/64][C][64]: logits = x @ wte.T (or lm_head.weight.T)
-    head_b: None                    # GPT-2 has no output bias
+    head_b: np.ndarray | None       # always None: GPT-2 has no output bias
     n_vocab_padded: int             # V rounded up to a multiple of 64
     layers: list = field(default_factory=list)   # n_layer Layer objects
     tied_head: bool = True          # head_w came from wte (no lm_head.weight in the file)
@@ -418,34 +419,39 @@ class _Loader:
     def raw(self, bare: str) -> np.ndarray:
         return self.st.raw(self.names[bare])
 
-    def float32(self, bare: str, f16_target: bool = False) -> np.ndarray:
-        """The tensor as float32 (a zero-copy view for F32 files), checked finite; with f16_target also
-        checked to fit float16."""
+    def tensor(self, bare: str, f16_target: bool = False) -> np.ndarray:
+        """The tensor as float32 or float16 values (a zero-copy view of the file for F32 and F16; BF16 is
+        widened to float32), checked finite -- and, with f16_target, checked to fit float16."""
         name, dtype = self.names[bare], self.st.entries[self.names[bare]].dtype
         raw = self.st.raw(name)
-        if dtype == "F32":
-            a = raw
-        elif dtype == "F16":
-            a = raw.astype(np.float32)
-        else:  # BF16: the high half of a float32
-            a = (raw.astype(np.uint32) << 16).view(np.float32)
-        if a.size:
-            lo, hi = float(a.min()), float(a.max())          # NaN propagates through min/max
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                bad = ~np.isfinite(a)
-                first = tuple(int(i) for i in np.argwhere(bad)[0])
-                raise CheckpointError(f"{self.where}: tensor {name!r} has {int(bad.sum())} non-finite "
-                                      f"value(s) (NaN/inf), e.g. at index {list(first)}")
-            if f16_target and dtype != "F16" and max(-lo, hi) > F16_MAX:
-                raise CheckpointError(f"{self.where}: tensor {name!r} has values up to {max(-lo, hi):.4g}, "
-                                      f"beyond float16's range ({F16_MAX}); load it with dtype='f32'")
-        return a
+        if dtype == "BF16":                              # bf16 is the high half of a float32
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        if raw.size == 0:
+            return raw
+        if dtype == "F16":
+            # exponent bits all ones <=> inf/NaN; integer max is much faster than numpy's float16 max
+            if int((raw.view(np.uint16) & 0x7FFF).max()) >= 0x7C00:
+                self._non_finite(name, raw)
+            return raw
+        lo, hi = float(raw.min()), float(raw.max())      # NaN propagates through min/max
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            self._non_finite(name, raw)
+        if f16_target and max(-lo, hi) >= F16_OVERFLOW:
+            raise CheckpointError(f"{self.where}: tensor {name!r} has values up to {max(-lo, hi):.6g}, beyond "
+                                  f"float16's range (max {F16_MAX:g}); load it with dtype='f32'")
+        return raw
+
+    def _non_finite(self, name: str, a: np.ndarray):
+        bad = ~np.isfinite(a)
+        first = [int(i) for i in np.argwhere(bad)[0]]
+        raise CheckpointError(f"{self.where}: tensor {name!r} has {int(bad.sum())} non-finite value(s) "
+                              f"(NaN/inf), e.g. at index {first}")
 
     def vector(self, bare: str) -> np.ndarray:
-        return pad_vector(self.float32(bare))
+        return pad_vector(self.tensor(bare))
 
     def matrix(self, bare: str, dt) -> np.ndarray:
-        return tile_matrix(self.float32(bare, f16_target=dt == np.float16), dt)
+        return tile_matrix(self.tensor(bare, f16_target=dt == np.float16), dt)
 
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:
@@ -485,20 +491,19 @@ def load_weights(path, dtype: str = "f32") -> Weights:
             proj_b=ld.vector(p + "mlp.c_proj.bias"),
         ))
 
-    wte = ld.float32("wte.weight", f16_target=dt == np.float16 and "lm_head.weight" not in ld.names)
-    wte_is_mapped = wte.base is not None and ld.st.entries[ld.names["wte.weight"]].dtype == "F32" \
-        and wte.ctypes.data % ALIGN == 0
+    tied = "lm_head.weight" not in ld.names
+    wte = ld.tensor("wte.weight", f16_target=tied and dt == np.float16)
+    wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
     if not wte_is_mapped:
         wte = _aligned_copy(wte)
-    tied = "lm_head.weight" not in ld.names
-    head_src = wte if tied else ld.float32("lm_head.weight", f16_target=dt == np.float16)
+    head_src = wte if tied else ld.tensor("lm_head.weight", f16_target=dt == np.float16)
 
     stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
     return Weights(
         config=cfg,
         dtype=dtype,
         wte=wte,                                            # [V][C]
-        wpe=_aligned_copy(ld.float32("wpe.weight")),        # [n_ctx][C]
+        wpe=_aligned_copy(ld.tensor("wpe.weight")),         # [n_ctx][C]
         ln_f_g=ld.vector("ln_f.weight"),                    # [C]
         ln_f_b=ld.vector("ln_f.bias"),                      # [C]
         head_w=tile_head(head_src, dt),                     # [V_pad/64][C][64]

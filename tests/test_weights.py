@@ -141,6 +141,9 @@ def test_writer_names_shapes_and_config(small_ckpts, layout):
     assert (cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["n_positions"], cfg["n_ctx"], cfg["vocab_size"]) \
         == (2, 128, 2, 32, 32, 100)
     assert cfg["activation_function"] == "gelu_new" and cfg["layer_norm_epsilon"] == 1e-5
+    assert cfg["gpt2asm_random_init"] is True
+    from gpt2asm.files import is_random_init
+    assert is_random_init(d)
 
 
 def test_writer_deterministic_and_layout_independent(small_ckpts, tmp_path):
@@ -254,6 +257,16 @@ def test_explicit_lm_head(ck):
     expect_error(ck, "lm_head.weight", "[100, 64]", "[100, 128]")
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_in_f16_file(tmp_path, small_ckpts, bad):
+    t = safetensors_numpy.load_file(small_ckpts["hub", "f16"] / "model.safetensors")
+    shutil.copy(small_ckpts["hub", "f16"] / "config.json", tmp_path)
+    w = t["h.0.mlp.c_fc.weight"].copy()
+    w[10, 20] = bad
+    safetensors_numpy.save_file({**t, "h.0.mlp.c_fc.weight": w}, tmp_path / "model.safetensors")
+    expect_error(tmp_path, "h.0.mlp.c_fc.weight", "1 non-finite", "[10, 20]")
+
+
 def test_bf16(ck):
     t = source(ck)
     bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in t.items()}   # truncate to bf16
@@ -267,7 +280,10 @@ def test_bf16(ck):
     w = load_weights(ck)
     want = (bits["h.1.mlp.c_fc.weight"].astype(np.uint32) << 16).view(np.float32)
     check_tiled(w.layers[1].fc_w, want, np.float32)
-    assert w.source_dtype == "BF16"
+    assert w.source_dtype == "BF16" and not w.wte_is_mapped
+    bits["ln_f.bias"][3] = 0x7FC0                                                  # bf16 NaN
+    write_st(ck / "model.safetensors", header, b"".join(b.tobytes() for b in bits.values()))
+    expect_error(ck, "ln_f.bias", "non-finite")
 
 
 def test_tile_functions():

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpt2asm import GPT2  # noqa: E402
-from gpt2asm.kernels import aligned_empty, available_families, load_library  # noqa: E402
+from gpt2asm.kernels import available_families, load_library  # noqa: E402
+from gpt2asm.weights import aligned_empty  # noqa: E402
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 
@@ -31,7 +32,7 @@ def read_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> float:
     lib = load_library()
     fn = lib.gpt2asm_readbw_f32_avx2
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
-    buf = aligned_empty(nbytes // 4)
+    buf = aligned_empty(nbytes // 4, np.float32)
     buf[:] = 1.0
     n = buf.size // threads // 64 * 64
     parts = [buf.ctypes.data + i * n * 4 for i in range(threads)]

@@ -121,7 +121,8 @@ def random_tensors(n_layer: int, n_embd: int, n_ctx: int, vocab: int, seed: int 
 
 
 def config_dict(n_layer: int, n_embd: int, n_head: int, n_ctx: int, vocab: int, dtype: str = "f32") -> dict:
-    """config.json as transformers' GPT2Config.save_pretrained writes it (keys sorted)."""
+    """config.json as transformers' GPT2Config.save_pretrained writes it (keys sorted), plus the
+    'gpt2asm_random_init' marker (transformers keeps unknown keys as plain attributes)."""
     return {
         "activation_function": "gelu_new",
         "architectures": ["GPT2LMHeadModel"],
@@ -129,6 +130,7 @@ def config_dict(n_layer: int, n_embd: int, n_head: int, n_ctx: int, vocab: int, 
         "bos_token_id": EOT,
         "embd_pdrop": 0.1,
         "eos_token_id": EOT,
+        "gpt2asm_random_init": True,    # marks random weights (gpt2asm.files.is_random_init)
         "initializer_range": 0.02,
         "layer_norm_epsilon": 1e-05,
         "model_type": "gpt2",

@@ -15,7 +15,7 @@
  * vzeroupper leaves no dirty upper state behind).
  *
  * Registers (both functions):
- *     rdi  w: current row of the first tile of the pair     rax  tile size in bytes (n_in * row)
+ *     rdi  w: current row of tile t                         rax  the same row of tile t+1
  *     rsi  x (argument)        rdx  b (+64*tile_begin) or NULL        rcx  y (+64*tile_begin)
  *     r8   n_in                r9   tiles left       r10  x cursor     r11  row counter
  *     zmm0-3  tile t sums      zmm4-7  tile t+1 sums     zmm8-11  x[i] broadcasts
@@ -26,7 +26,7 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* shared pieces                                                                                   */
 
-        /* common prologue: r9 = tile count, rdi/rdx/rcx advanced to tile_begin, rax = tile size.
+        /* common prologue: r9 = tile count, rdi/rdx/rcx advanced to tile_begin.
          * Jumps to \done when the range is empty.  \rb: log2 of the row size in bytes. */
         .macro  matvec_setup    rb, done
         movq    8(%rsp), %rax                   // tile_end
@@ -39,13 +39,11 @@
         jz      6f
         addq    %r10, %rdx                      // b += 64 * tile_begin (only if non-NULL)
 6:
-        movq    %rax, %r11                      // n tiles
-        movq    %r8, %rax
-        shlq    $\rb, %rax                      // tile size in bytes = n_in * row
-        movq    %rax, %r10
-        imulq   %r9, %r10                       // tile_begin * tile size
-        addq    %r10, %rdi                      // w += tile_begin * tile size
-        movq    %r11, %r9                       // tiles left
+        movq    %r8, %r10
+        imulq   %r9, %r10                       // tile_begin * n_in rows
+        shlq    $\rb, %r10                      // ... * bytes per row
+        addq    %r10, %rdi                      // w += tile_begin * n_in * row
+        movq    %rax, %r9                       // tiles left
         .endm
 
         /* acc = +0.0 for \nt tiles (1 or 2) */
@@ -93,17 +91,17 @@
         .endm
 
         /* one fp32 row of \nt tiles: acc[k] = fma(w[t][row][16k .. 16k+15], xb, acc[k]);
-         * tile t's row at \off(%rdi), tile t+1's at \off(%rdi,%rax) */
+         * tile t's row at \off(%rdi), tile t+1's at \off(%rax) */
         .macro  row_f32 off, xb, nt
         vfmadd231ps \off+0(%rdi),         \xb, %zmm0
         vfmadd231ps \off+64(%rdi),        \xb, %zmm1
         vfmadd231ps \off+128(%rdi),       \xb, %zmm2
         vfmadd231ps \off+192(%rdi),       \xb, %zmm3
         .if \nt == 2
-        vfmadd231ps \off+0(%rdi,%rax),    \xb, %zmm4
-        vfmadd231ps \off+64(%rdi,%rax),   \xb, %zmm5
-        vfmadd231ps \off+128(%rdi,%rax),  \xb, %zmm6
-        vfmadd231ps \off+192(%rdi,%rax),  \xb, %zmm7
+        vfmadd231ps \off+0(%rax),         \xb, %zmm4
+        vfmadd231ps \off+64(%rax),        \xb, %zmm5
+        vfmadd231ps \off+128(%rax),       \xb, %zmm6
+        vfmadd231ps \off+192(%rax),       \xb, %zmm7
         .endif
         .endm
 
@@ -118,10 +116,10 @@
         vfmadd231ps %zmm14, \xb, %zmm2
         vfmadd231ps %zmm15, \xb, %zmm3
         .if \nt == 2
-        vcvtph2ps   \off+0(%rdi,%rax),    %zmm12
-        vcvtph2ps   \off+32(%rdi,%rax),   %zmm13
-        vcvtph2ps   \off+64(%rdi,%rax),   %zmm14
-        vcvtph2ps   \off+96(%rdi,%rax),   %zmm15
+        vcvtph2ps   \off+0(%rax),         %zmm12
+        vcvtph2ps   \off+32(%rax),        %zmm13
+        vcvtph2ps   \off+64(%rax),        %zmm14
+        vcvtph2ps   \off+96(%rax),        %zmm15
         vfmadd231ps %zmm12, \xb, %zmm4
         vfmadd231ps %zmm13, \xb, %zmm5
         vfmadd231ps %zmm14, \xb, %zmm6
@@ -129,8 +127,8 @@
         .endif
         .endm
 
-        /* all n_in rows of \nt tiles starting at rdi (\row: row_f32 / row_f16, \rs: row bytes);
-         * leaves rdi at the row after the first tile's last one and the sums in zmm0-7 */
+        /* all n_in rows of \nt tiles starting at rdi (and rax) (\row: row_f32 / row_f16, \rs: row
+         * bytes); leaves rdi (rax) just past the last row of tile t (t+1), the sums in zmm0-7 */
         .macro  tile_rows row, rs, nt
         movq    %rsi, %r10                      // x cursor
         movq    %r8, %r11
@@ -147,6 +145,9 @@
         \row    2*\rs, %zmm10, \nt
         \row    3*\rs, %zmm11, \nt
         addq    $4*\rs, %rdi
+        .if \nt == 2
+        addq    $4*\rs, %rax
+        .endif
         addq    $16, %r10
         decq    %r11
         jnz     2b
@@ -158,6 +159,9 @@
         vbroadcastss  0(%r10), %zmm8
         \row    0, %zmm8, \nt
         addq    $\rs, %rdi
+        .if \nt == 2
+        addq    $\rs, %rax
+        .endif
         addq    $4, %r10
         decq    %r11
         jnz     4b
@@ -172,8 +176,11 @@
         .p2align 4
 1:                                              // tiles t, t+1
         zero_acc 2
+        movq    %r8, %rax
+        shlq    $\rb, %rax                      // tile size = n_in * row
+        addq    %rdi, %rax                      // row 0 of tile t+1
         tile_rows \row, \rs, 2
-        addq    %rax, %rdi                      // rdi was at tile t+1: skip it
+        movq    %rax, %rdi                      // rax is at tile t+2 now
         store_acc 2
         subq    $2, %r9
         cmpq    $2, %r9

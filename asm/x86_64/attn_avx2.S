@@ -1,0 +1,201 @@
+/*
+ * asm/x86_64/attn_avx2.S -- single-query causal self-attention over the KV cache, AVX2 + FMA.
+ *
+ * Per head: scores (4 positions per step: per position two ymm partial sums = the 16 lanes of dot64,
+ * then the hsum16 tree of the 4 positions transposed into one xmm), softmax in scratch (the same
+ * macro as gpt2asm_softmax_f32_avx2), then p.V with the 64 outputs in 8 ymm accumulators and one
+ * broadcast of p_t per position.  K and V rows are streamed once each.
+ */
+#include "asm.S"
+#include "math_avx2.h"
+
+/*
+ * dotpos_avx2 r, p, d
+ *   xmm\r = lanes s[0..3] of dot64(q, row) after the w = 8 and w = 4 steps of the hsum16 tree, for the
+ *   row of 64 floats at \d(\p); q is in ymm8-15 (q[0:8], q[8:16], ..., q[56:64]).
+ *     acc[j] = +0.0;  acc[j] = fma(q[16c+j], row[16c+j], acc[j]) for c = 0..3   (ymm4: j < 8, ymm5)
+ *   Clobbers ymm4, ymm5.
+ */
+        .macro  dotpos_avx2 r, p, d
+        vxorps      %ymm4, %ymm4, %ymm4
+        vxorps      %ymm5, %ymm5, %ymm5
+        vfmadd231ps \d+  0(\p), %ymm8,  %ymm4       // c = 0, lanes 0-7
+        vfmadd231ps \d+ 32(\p), %ymm9,  %ymm5       // c = 0, lanes 8-15
+        vfmadd231ps \d+ 64(\p), %ymm10, %ymm4       // c = 1
+        vfmadd231ps \d+ 96(\p), %ymm11, %ymm5
+        vfmadd231ps \d+128(\p), %ymm12, %ymm4       // c = 2
+        vfmadd231ps \d+160(\p), %ymm13, %ymm5
+        vfmadd231ps \d+192(\p), %ymm14, %ymm4       // c = 3
+        vfmadd231ps \d+224(\p), %ymm15, %ymm5
+        vaddps      %ymm5, %ymm4, %ymm4             // w = 8
+        vextractf128 $1, %ymm4, %xmm5
+        vaddps      %xmm5, %xmm4, %xmm\r            // w = 4
+        .endm
+
+/*
+ * dot4_avx2 p0, d0, p1, d1, p2, d2, p3, d3
+ *   xmm0 = { dot64(q, row_i) * 0.125f : i = 0..3 } for the rows at \di(\pi).  Clobbers ymm0-7.
+ */
+        .macro  dot4_avx2 p0, d0, p1, d1, p2, d2, p3, d3
+        dotpos_avx2 0, \p0, \d0
+        dotpos_avx2 1, \p1, \d1
+        dotpos_avx2 2, \p2, \d2
+        dotpos_avx2 3, \p3, \d3
+        vshufps     $0x44, %xmm1, %xmm0, %xmm4      // r0[0] r0[1] r1[0] r1[1]
+        vshufps     $0xEE, %xmm1, %xmm0, %xmm5      // r0[2] r0[3] r1[2] r1[3]
+        vaddps      %xmm5, %xmm4, %xmm0             // w = 2 (positions 0, 1)
+        vshufps     $0x44, %xmm3, %xmm2, %xmm4
+        vshufps     $0xEE, %xmm3, %xmm2, %xmm5
+        vaddps      %xmm5, %xmm4, %xmm2             // w = 2 (positions 2, 3)
+        vshufps     $0x88, %xmm2, %xmm0, %xmm4      // s[0] of positions 0..3
+        vshufps     $0xDD, %xmm2, %xmm0, %xmm5      // s[1] of positions 0..3
+        vaddps      %xmm5, %xmm4, %xmm0             // w = 1
+        vmulps      KV_EIGHTH(%r11), %xmm0, %xmm0   // * 0.125
+        .endm
+
+/*
+ * void gpt2asm_attention_f32_avx2(const float *q, const float *k, const float *v, float *out,
+ *                                 float *scratch, size_t n_pos, size_t head_stride,
+ *                                 size_t head_begin, size_t head_end);
+ *
+ *   for h in [head_begin, head_end):
+ *     s_t    = dot64(q_h, k_h[t]) * 0.125f                 t < n_pos   (k_h = k + h*head_stride)
+ *     p      = softmax(s)                                  (in scratch, as gpt2asm_softmax_f32)
+ *     out_h  = sum_t p_t v_h[t]   (o = +0.0; o = fma(p_t, v_h[t], o) for t = 0, 1, ...)
+ *   scratch: roundup16(n_pos) floats; n_pos >= 1.
+ */
+function gpt2asm_attention_f32_avx2
+        pushq       %rbx
+        pushq       %rbp
+        pushq       %r12
+        pushq       %r13
+        pushq       %r14
+        pushq       %r15
+        pushq       %rcx                            // out, reloaded per head
+        movq        64(%rsp), %r12
+        shlq        $2, %r12                        // head stride in bytes
+        movq        72(%rsp), %r13                  // h = head_begin
+        movq        80(%rsp), %r14                  // head_end
+        movrel      %r11, math_avx2
+        cmpq        %r14, %r13
+        jae         9f
+1:
+        movq        %r13, %rax
+        shlq        $8, %rax
+        vmovups       0(%rdi,%rax), %ymm8           // q_h
+        vmovups      32(%rdi,%rax), %ymm9
+        vmovups      64(%rdi,%rax), %ymm10
+        vmovups      96(%rdi,%rax), %ymm11
+        vmovups     128(%rdi,%rax), %ymm12
+        vmovups     160(%rdi,%rax), %ymm13
+        vmovups     192(%rdi,%rax), %ymm14
+        vmovups     224(%rdi,%rax), %ymm15
+        movq        %r13, %rax
+        imulq       %r12, %rax
+        leaq        (%rsi,%rax), %r15               // k_h
+        leaq        (%rdx,%rax), %rbp               // v_h
+
+        /* scores, 4 positions per step */
+        movq        %r9, %r10
+        andq        $-4, %r10                       // n4
+        xorl        %eax, %eax                      // t
+        testq       %r10, %r10
+        jz          3f
+2:
+        dot4_avx2   %r15, 0, %r15, 256, %r15, 512, %r15, 768
+        vmovups     %xmm0, (%r8,%rax,4)
+        addq        $1024, %r15
+        addq        $4, %rax
+        cmpq        %r10, %rax
+        jb          2b
+3:
+        cmpq        %r9, %r10
+        je          4f
+        movq        %r9, %rbx
+        subq        %r10, %rbx                      // 1..3 rows left: the missing ones repeat
+        leaq        256(%r15), %r10                 // the last row (no over-read); their scores
+        leaq        512(%r15), %rcx                 // land in scratch[n_pos .. roundup4(n_pos))
+        cmpq        $2, %rbx
+        cmovbq      %r15, %r10
+        cmovbeq     %r10, %rcx
+        dot4_avx2   %r15, 0, %r10, 0, %rcx, 0, %rcx, 0
+        vmovups     %xmm0, (%r8,%rax,4)
+4:
+        /* p = softmax(s), in place */
+        softmax_avx2 %r8, %r8, %r9, %r11, %rax, %r10, %rbx
+
+        /* o = sum_t p_t v_t */
+        vxorps      %ymm0, %ymm0, %ymm0
+        vxorps      %ymm1, %ymm1, %ymm1
+        vxorps      %ymm2, %ymm2, %ymm2
+        vxorps      %ymm3, %ymm3, %ymm3
+        vxorps      %ymm4, %ymm4, %ymm4
+        vxorps      %ymm5, %ymm5, %ymm5
+        vxorps      %ymm6, %ymm6, %ymm6
+        vxorps      %ymm7, %ymm7, %ymm7
+        movq        %rbp, %rax                      // v_h[t]
+        xorl        %r10d, %r10d                    // t
+        movq        %r9, %rbx
+        shrq        $1, %rbx                        // position pairs
+        jz          6f
+5:
+        vbroadcastss  (%r8,%r10,4), %ymm8           // p_t
+        vbroadcastss 4(%r8,%r10,4), %ymm9           // p_t+1
+        vfmadd231ps   0(%rax), %ymm8, %ymm0         // o = fma(p_t, v_t, o)
+        vfmadd231ps  32(%rax), %ymm8, %ymm1
+        vfmadd231ps  64(%rax), %ymm8, %ymm2
+        vfmadd231ps  96(%rax), %ymm8, %ymm3
+        vfmadd231ps 128(%rax), %ymm8, %ymm4
+        vfmadd231ps 160(%rax), %ymm8, %ymm5
+        vfmadd231ps 192(%rax), %ymm8, %ymm6
+        vfmadd231ps 224(%rax), %ymm8, %ymm7
+        vfmadd231ps 256(%rax), %ymm9, %ymm0
+        vfmadd231ps 288(%rax), %ymm9, %ymm1
+        vfmadd231ps 320(%rax), %ymm9, %ymm2
+        vfmadd231ps 352(%rax), %ymm9, %ymm3
+        vfmadd231ps 384(%rax), %ymm9, %ymm4
+        vfmadd231ps 416(%rax), %ymm9, %ymm5
+        vfmadd231ps 448(%rax), %ymm9, %ymm6
+        vfmadd231ps 480(%rax), %ymm9, %ymm7
+        addq        $512, %rax
+        addq        $2, %r10
+        decq        %rbx
+        jnz         5b
+6:
+        testb       $1, %r9b
+        jz          7f
+        vbroadcastss (%r8,%r10,4), %ymm8
+        vfmadd231ps   0(%rax), %ymm8, %ymm0
+        vfmadd231ps  32(%rax), %ymm8, %ymm1
+        vfmadd231ps  64(%rax), %ymm8, %ymm2
+        vfmadd231ps  96(%rax), %ymm8, %ymm3
+        vfmadd231ps 128(%rax), %ymm8, %ymm4
+        vfmadd231ps 160(%rax), %ymm8, %ymm5
+        vfmadd231ps 192(%rax), %ymm8, %ymm6
+        vfmadd231ps 224(%rax), %ymm8, %ymm7
+7:
+        movq        %r13, %rax
+        shlq        $8, %rax
+        addq        (%rsp), %rax                    // out_h
+        vmovups     %ymm0,   0(%rax)
+        vmovups     %ymm1,  32(%rax)
+        vmovups     %ymm2,  64(%rax)
+        vmovups     %ymm3,  96(%rax)
+        vmovups     %ymm4, 128(%rax)
+        vmovups     %ymm5, 160(%rax)
+        vmovups     %ymm6, 192(%rax)
+        vmovups     %ymm7, 224(%rax)
+        incq        %r13
+        cmpq        %r14, %r13
+        jb          1b
+9:
+        popq        %rcx
+        popq        %r15
+        popq        %r14
+        popq        %r13
+        popq        %r12
+        popq        %rbp
+        popq        %rbx
+        vzeroupper
+        ret
+endfunc
