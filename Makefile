@@ -19,11 +19,11 @@ models: setup                ## the real tokenizer files, and a random-init 124M
 	@if [ "$(MODEL)" = models/random-124M ] && [ ! -f models/random-124M/model.safetensors ]; then \
 	  $(PYTHON) tools/make_checkpoint.py --out models/random-124M --size 124M --seed 0 --tokenizer models/tokenizer; fi
 
-run: models                  ## the main job: greedy-free default sampling of 60 tokens
+run: models                  ## the main job: 60 tokens after the prompt, seeded sampling
 	$(PYTHON) -m gpt2asm --model $(MODEL) -n 60 --seed 1 "$(PROMPT)"
 
 test-deps: setup
-	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0
+	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0 -r tests/requirements-emu.txt
 
 test: test-deps              ## the whole test suite (kernels, tokenizer, model, parity, CLI)
 	$(PYTEST) -q tests

@@ -16,6 +16,8 @@ differ from Bochs', so compare kernels that use them with a tolerance, or avoid 
     y = np.empty_like(x)
     emu.call("gpt2asm_expf_f32_avx512", x, y, x.size)     # arrays are copied in and back out
     s = emu.call("some_sum_f32_avx512", x, x.size, ret="float")
+    expf = emu.bind("gpt2asm_expf_f32_avx512")            # raw mode: host addresses, nothing copied
+    expf(x.ctypes.data, y.ctypes.data, x.size)
 
 What a call does (System V AMD64 ABI):
   * integer/pointer arguments (python int, numpy integer, bool, None = NULL, numpy array = pointer to an
@@ -41,6 +43,30 @@ What a call does (System V AMD64 ABI):
   * a wall-clock watchdog (timeout= seconds, a POSIX timer thread that sets the emulator's stop flag,
     so it costs nothing per instruction) turns an endless loop into EmulationTimeout.
 
+Raw-pointer mode (`emu.call_raw(symbol, *args)`, `emu.bind(symbol) -> fn(*args)`): pointer arguments are
+raw host addresses (ints; numpy arrays pass their data address), so a caller that works with addresses,
+like gpt2asm's engine through `Kernels._bind`, runs unchanged on the emulated CPU:
+  * the guest's virtual address space IS the host's: each emulator's own block of pages (page tables,
+    system pages, stacks, library image, arena) is mapped at the guest address equal to its host mmap
+    address, and any other host address is mapped on demand;
+  * on demand = in the exception hook, which Bochs calls when the #PF is raised and before the CPU reads
+    the IDT: the faulting address is looked up in /proc/self/maps (a snapshot per call); if the host has
+    it mapped readable (and writable, for a write), the aligned `raw_window` around it (2 MiB by default,
+    clipped to that host mapping and never overlapping the emulator's block) gets page-table entries
+    (NX; writable only if the host mapping is), the hook points the #PF gate at an `add $8,%rsp; iretq`
+    stub, and the faulting instruction runs again.  Anything else keeps the gate on its hlt stub and is
+    raised as CpuFault as usual, with the reason (e.g. "not mapped in the host process", "write to a
+    read-only host mapping");
+  * host VAs have 47 bits and the emulated CPU's physical addresses 40, so guest-physical frames are a
+    translation: each host 2 MiB window touched gets a 2 MiB guest-physical range (from slots of the same
+    allocator as the emulators'), page i backed by the host page itself through bochscpu's
+    memory.page_insert(gpa, host pointer).  The frames are cached for the life of the process (a host page
+    reused by a later allocation is still the same page); the page-table entries are dropped after each
+    call, so a host page that is unmapped later can never be touched by a later call;
+  * no data is copied in or out: reads see the host arrays and writes land in them.  The price: there are
+    no guard pages or canaries around the data, so an out-of-bounds access that stays inside a mapped host
+    region is not detected (use call() with arrays for that).  Calls are serialised by a lock (one CPU).
+
 Quirks of bochscpu-python that this module works around (see tests/requirements-emu.txt):
   * 0.4.0's wheel is tagged manylinux_2_28 but needs glibc 2.38 (__isoc23_strtoull): it does not import
     on Debian 12 (glibc 2.36).  0.3.1 (manylinux_2_35) works and is the pinned version.
@@ -62,10 +88,12 @@ Quirks of bochscpu-python that this module works around (see tests/requirements-
 from __future__ import annotations
 
 import atexit
+import bisect
 import ctypes
 import difflib
 import mmap
 import struct
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -302,9 +330,10 @@ def _read_u64_at(segments: list[_Segment], vaddr: int) -> int:
 # --------------------------------------------------------------------------------------------------
 # the shared emulated CPU (one bochscpu.Session per process)
 
-# guest virtual layout of every emulator: a high canonical address, so that a kernel that truncates a
-# pointer to 32 bits faults instead of silently working
-_VA_BASE = 0x7F00_0000_0000
+# guest virtual addresses are host virtual addresses: an emulator's block of pages (tables, system pages,
+# stacks, library image, arena) sits in the guest at the address where its mmap lies in this process, so
+# that raw host pointers (call_raw/bind) can share the same guest address space without colliding with
+# it.  Host mmaps are high canonical addresses, so a kernel that truncates a pointer to 32 bits faults.
 _GPA_SLOT = 1 << 30                        # each emulator owns a 1 GiB-aligned guest-physical range
 _GPA_LIMIT = 1 << 40                       # the emulated CPU has 40 physical address bits
 _PTE_P, _PTE_W, _PTE_A, _PTE_D, _PTE_NX = 1, 2, 1 << 5, 1 << 6, 1 << 63
@@ -322,10 +351,16 @@ _SYS_RET = 0x000        # hlt: the return address of every call
 _SYS_STUBS = 0x040      # 32 one-byte `hlt` exception handlers, one per vector
 _SYS_CPUID = 0x080      # cpuid; hlt
 _SYS_XGETBV = 0x090     # xgetbv; hlt
+_SYS_PF_RESUME = 0x0A0  # add $8, %rsp; iretq: a page fault that call_raw resolved re-runs its instruction
 _SYS_ENTER = 0x100      # poison k0-k7 and rax, then jmp *entry: every call starts here
 # offsets inside the system data page
 _SYS_GDT, _SYS_TSS, _SYS_IDT, _SYS_ENTRY = 0x000, 0x100, 0x200, 0x800
 _POISON_K = 0x5555_5555_5555_5555           # opmask registers at entry
+_VEC_PF = 14
+_TWO_MIB = 512 * PAGE
+_HOST_VA_LIMIT = 1 << 47                    # user-space host addresses (4-level paging)
+_HOST_SPECIAL = ("[vvar]", "[vvar_vclock]", "[vsyscall]")   # never handed to the emulator
+_RAW_POOL_PAGES = 64                        # page-table pages per pool chunk of call_raw
 
 
 class _Machine:
@@ -350,6 +385,10 @@ class _Machine:
         self.emulators: weakref.WeakSet = weakref.WeakSet()
         self.scratch_pages: list[mmap.mmap] = []
         self.watchdog = _Watchdog(self.session.cpu.id)
+        self.lock = threading.RLock()      # one emulated CPU: one call at a time
+        self.raw_handler: Avx512Emulator | None = None    # the emulator of a running call_raw
+        self.raw_windows: dict[int, tuple[int, np.ndarray]] = {}   # host 2 MiB window -> (gpa, inserted)
+        self.raw_gpa_next = self.raw_gpa_end = 0
         self._reset_run()
 
     def _reset_run(self):
@@ -357,6 +396,8 @@ class _Machine:
         self.exceptions: list[tuple[int, int, int]] = []     # (vector, error code, rip after insn)
         self.missing: list[int] = []
         self.icount = 0
+        self.raw_faults = 0
+        self.hook_error: BaseException | None = None
 
     # the hooks must never raise: the exception would have to cross Rust/C++ frames
     def _on_hlt(self, sess, cpu_id):
@@ -364,6 +405,19 @@ class _Machine:
         sess.stop()
 
     def _on_exception(self, sess, cpu_id, vector, error_code):
+        emu = self.raw_handler
+        if vector == _VEC_PF and emu is not None:
+            # call_raw: a page fault on a host address the guest may use is resolved here, before the
+            # CPU reads the IDT: map it, point the #PF gate at the iretq stub, and the faulting
+            # instruction runs again.  Otherwise the gate leads to the usual hlt stub.
+            try:
+                handled = emu._raw_fault(sess.cpu.cr2, error_code)
+            except BaseException as e:       # noqa: BLE001 - must not cross the C++ frames
+                self.hook_error, handled = e, False
+            emu._set_pf_gate(handled)
+            if handled:
+                self.raw_faults += 1
+                return
         if len(self.exceptions) < 8:
             self.exceptions.append((vector, error_code, sess.cpu.rip))
 
@@ -378,6 +432,25 @@ class _Machine:
 
     def _count(self, sess, cpu_id, insn):
         self.icount += 1
+
+    def raw_frames(self, window: int, lo: int, hi: int) -> int:
+        """Guest-physical home of host 2 MiB window `window` (host address >> 21): page i of the window
+        is frame gpa + i*4K, backed by the host page itself (bochscpu page_insert of the host pointer).
+        Pages lo..hi-1 are inserted now if they were not yet; a window keeps its frames for the life of
+        the process (host pages can be reused by later allocations: the identity stays right)."""
+        w = self.raw_windows.get(window)
+        if w is None:
+            if self.raw_gpa_next >= self.raw_gpa_end:
+                self.raw_gpa_next = self.alloc_gpa(_GPA_SLOT)
+                self.raw_gpa_end = self.raw_gpa_next + _GPA_SLOT
+            w = self.raw_windows[window] = (self.raw_gpa_next, np.zeros(512, dtype=bool))
+            self.raw_gpa_next += _TWO_MIB
+        gpa, inserted = w
+        host = window * _TWO_MIB
+        for i in np.flatnonzero(~inserted[lo:hi]) + lo:
+            _bmem.page_insert(gpa + int(i) * PAGE, host + int(i) * PAGE)
+        inserted[lo:hi] = True
+        return gpa
 
     def alloc_gpa(self, size: int) -> int:
         gpa = self.next_gpa
@@ -486,6 +559,34 @@ def _shutdown_at_exit():
 
 
 # --------------------------------------------------------------------------------------------------
+# the host's own memory map (for call_raw)
+
+class _HostMaps:
+    """A snapshot of /proc/self/maps: which host addresses are mapped, and with which permissions."""
+
+    def __init__(self):
+        self.starts, self.vmas = [], []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                self.starts.append(lo)
+                self.vmas.append((lo, hi, parts[1], parts[5].strip() if len(parts) > 5 else ""))
+
+    def find(self, addr: int) -> tuple[int, int, str, str] | None:
+        """(start, end, perms, path) of the mapping holding addr, or None."""
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.vmas[i][1]:
+            return self.vmas[i]
+        return None
+
+
+def _describe_vma(vma) -> str:
+    lo, hi, perms, path = vma
+    return f"host mapping {lo:#x}-{hi:#x} {perms}" + (f" {path}" if path else " (anonymous)")
+
+
+# --------------------------------------------------------------------------------------------------
 # the emulator
 
 @dataclass
@@ -508,6 +609,7 @@ class CallResult:
     mxcsr: int = 0                                  # final MXCSR (its flag bits show FP exceptions)
     icount: int | None = None                       # emulated instructions (only with count=True)
     seconds: float = 0.0                            # wall time of the emulation itself
+    raw_faults: int = 0                             # call_raw: page faults resolved by mapping host pages
 
 
 class Avx512Emulator:
@@ -517,12 +619,25 @@ class Avx512Emulator:
     arena_size: bytes for the array arguments of one call (each array also costs one guard page).
     stack_size: bytes of stack.
     timeout:    default watchdog of each call, in seconds (None: unbounded).
+    raw_window: call_raw maps host memory on demand in aligned windows of this many bytes (a power of
+                two from 4 KiB to 2 MiB), each clipped to the host mapping that holds the faulting address.
     """
 
     def __init__(self, lib_path, *, arena_size: int = 256 << 20, stack_size: int = 1 << 20,
-                 timeout: float | None = 120.0):
+                 timeout: float | None = 120.0, raw_window: int = _TWO_MIB):
         if not available():
             raise EmulationError(why_unavailable())
+        if raw_window & (raw_window - 1) or not PAGE <= raw_window <= _TWO_MIB:
+            raise ValueError(f"raw_window={raw_window}: a power of two from {PAGE} to {_TWO_MIB}")
+        self.raw_window = raw_window
+        self.raw_stats = {"calls": 0, "faults": 0, "seconds": 0.0}   # cumulative over call_raw
+        self._raw_active = False
+        self._raw_pool: list[mmap.mmap] = []          # page-table pages for host addresses
+        self._raw_pool_free: list[tuple[np.ndarray, int]] = []
+        self._raw_pool_gpa = 0
+        self._raw_mapped: list[tuple[np.ndarray, int, int]] = []   # PTE ranges set in this call
+        self._raw_refusal = ""
+        self._host_maps: _HostMaps | None = None
         self.path = str(lib_path)
         with open(self.path, "rb") as f:
             elf = _parse_elf(f.read(), self.path)
@@ -557,10 +672,14 @@ class Avx512Emulator:
         # ---- host memory (committed lazily by the OS) and its guest-physical home
         self._machine = _Machine.get()
         size = self._npages * PAGE
-        self._mem = mmap.mmap(-1, size)
+        align = max(PAGE, elf.max_align)                 # the image's p_align holds in the guest too
+        self._mem = mmap.mmap(-1, size + align - PAGE)
         self._mem_anchor = ctypes.c_char.from_buffer(self._mem)
-        self._hva = ctypes.addressof(self._mem_anchor)
-        self._u8 = np.frombuffer(self._mem, dtype=np.uint8)
+        shift = -ctypes.addressof(self._mem_anchor) % align
+        self._hva = ctypes.addressof(self._mem_anchor) + shift
+        self._va_base = self._hva                        # guest VA == host VA (see call_raw)
+        self._buf = memoryview(self._mem)[shift:shift + size]
+        self._u8 = np.frombuffer(self._buf, dtype=np.uint8)
         self._u64 = self._u8.view(np.uint64)
         self._gpa = self._machine.alloc_gpa(size)
         for i in range(self._npages):
@@ -584,7 +703,7 @@ class Avx512Emulator:
 
     # ---- guest addresses and symbols
     def _va(self, page: int, off: int = 0) -> int:
-        return _VA_BASE + page * PAGE + off
+        return self._va_base + page * PAGE + off
 
     def address_of(self, symbol: str) -> int:
         """Guest virtual address of an exported symbol (function or data)."""
@@ -602,38 +721,50 @@ class Avx512Emulator:
 
     # ---- setup
     def _build_page_tables(self):
-        """4-level tables for a linear mapping: block page i <-> VA _VA_BASE + i*4K <-> GPA + i*4K.
+        """4-level tables for a linear mapping: block page i <-> VA base + i*4K <-> GPA + i*4K
+        (base = the block's host address).
 
         Every leaf entry starts out not present; _map() fills in the ones in use.  The tables live in
-        the first pages of the block, which are not mapped into the guest's virtual space."""
-        tables: dict[tuple, int] = {}
+        the first pages of the block, which are not mapped into the guest's virtual space.  Tables for
+        raw host pages (call_raw) are added later by _page_table(), from a separate pool."""
+        # key ("pml4",) / ("pdpt", i4) / ("pd", i4, i3) / ("pt", i4, i3, i2) -> (512 entries, gpa, block page)
+        self._tables: dict[tuple, tuple[np.ndarray, int, int]] = {}
+        n_block_tables = 0
 
-        def table(key) -> int:
-            if key not in tables:
-                if len(tables) >= self._n_tables:
-                    raise AssertionError("page-table area too small")
-                tables[key] = len(tables)
-            return tables[key]
+        def block_table() -> tuple[np.ndarray, int, int]:
+            nonlocal n_block_tables
+            if n_block_tables >= self._n_tables:
+                raise AssertionError("page-table area too small")
+            i = n_block_tables
+            n_block_tables += 1
+            return self._u64[i * 512:(i + 1) * 512], self._gpa + i * PAGE, i
 
-        pml4 = table(("pml4",))
-        self._cr3 = self._gpa + pml4 * PAGE
+        self._tables[("pml4",)] = block_table()
+        self._cr3 = self._tables[("pml4",)][1]
         self._pte_index = np.zeros(self._npages, dtype=np.int64)   # u64 index of each page's PTE
-        upper = _PTE_P | _PTE_W | _PTE_A
         lo_va, hi_va = self._va(self._n_tables), self._va(self._npages)
         two_mib = 512 * PAGE
         for chunk in range(lo_va & ~(two_mib - 1), hi_va, two_mib):   # one page table per 2 MiB
-            i4, i3, i2 = chunk >> 39 & 511, chunk >> 30 & 511, chunk >> 21 & 511
-            pdpt, pd, pt = table(("pdpt", i4)), table(("pd", i4, i3)), table(("pt", i4, i3, i2))
-            self._u64[pml4 * 512 + i4] = self._gpa + pdpt * PAGE | upper
-            self._u64[pdpt * 512 + i3] = self._gpa + pd * PAGE | upper
-            self._u64[pd * 512 + i2] = self._gpa + pt * PAGE | upper
+            pt = self._page_table(chunk, block_table)[2]
             first, last = max(lo_va, chunk), min(hi_va, chunk + two_mib)
-            pages = np.arange((first - _VA_BASE) // PAGE, (last - _VA_BASE) // PAGE)
-            self._pte_index[pages] = pt * 512 + (pages - (chunk - _VA_BASE) // PAGE)
+            pages = np.arange((first - self._va_base) // PAGE, (last - self._va_base) // PAGE)
+            self._pte_index[pages] = pt * 512 + (pages - (chunk - self._va_base) // PAGE)
         self._map(self._p_syscode, 1, write=False, execute=True)
         self._map(self._p_sysdata, 1, write=True, execute=False)
         self._map(self._p_ist, 1, write=True, execute=False)
         self._map(self._p_stack, self._p_stack_end - self._p_stack, write=True, execute=False)
+
+    def _page_table(self, va: int, new_table) -> tuple[np.ndarray, int, int]:
+        """The page table (last level) covering va, creating it and its parents with new_table()."""
+        i4, i3, i2 = va >> 39 & 511, va >> 30 & 511, va >> 21 & 511
+        parent, index = self._tables[("pml4",)][0], i4
+        for key, next_index in ((("pdpt", i4), i3), (("pd", i4, i3), i2), (("pt", i4, i3, i2), None)):
+            t = self._tables.get(key)
+            if t is None:
+                t = self._tables[key] = new_table()
+                parent[index] = t[1] | (_PTE_P | _PTE_W | _PTE_A)
+            parent, index = t[0], next_index
+        return t
 
     def _map(self, first: int, count: int, *, write: bool, execute: bool):
         flags = _PTE_P | _PTE_A | _PTE_D | (_PTE_W if write else 0) | (0 if execute else _PTE_NX)
@@ -651,6 +782,7 @@ class Avx512Emulator:
         code[_SYS_STUBS:_SYS_STUBS + _N_VECTORS] = b"\xf4" * _N_VECTORS
         code[_SYS_CPUID:_SYS_CPUID + 3] = b"\x0f\xa2\xf4"            # cpuid; hlt
         code[_SYS_XGETBV:_SYS_XGETBV + 4] = b"\x0f\x01\xd0\xf4"      # xgetbv; hlt
+        code[_SYS_PF_RESUME:_SYS_PF_RESUME + 6] = b"\x48\x83\xc4\x08\x48\xcf"   # add $8,%rsp; iretq
         # the binding cannot set the opmask registers, so each call enters through this trampoline:
         #   movabs $_POISON_K, %rax; kmovq %rax, %k0 ... %k7; movabs $poison, %rax; jmp *entry(%rip)
         enter = b"\x48\xb8" + struct.pack("<Q", _POISON_K)
@@ -675,6 +807,8 @@ class Avx512Emulator:
         sysdata[_SYS_TSS:_SYS_TSS + len(tss)] = tss
         sysdata[_SYS_IDT:_SYS_IDT + len(idt)] = idt
         self._sysdata = np.frombuffer(sysdata, np.uint8).copy()      # template, rewritten every run
+        self._pf_gates = {flag: np.frombuffer(self._gate(self._va(self._p_syscode, stub)), np.uint8)
+                          for flag, stub in ((False, _SYS_STUBS + _VEC_PF), (True, _SYS_PF_RESUME))}
         self._gdt_limit = len(gdt) - 1
 
     @staticmethod
@@ -694,7 +828,7 @@ class Avx512Emulator:
                 w, x = perms.get(pg, (False, False))
                 perms[pg] = (w or bool(s.flags & _PF_W), x or bool(s.flags & _PF_X))
         for off, addend in elf.relative_relocs:           # R_X86_64_RELATIVE: *place = base + addend
-            struct.pack_into("<Q", self._mem, base_off + off, (self._image_va + addend) & (2**64 - 1))
+            struct.pack_into("<Q", self._buf, base_off + off, (self._image_va + addend) & (2**64 - 1))
         for vaddr, memsz in elf.relro:                     # read-only after relocation, as with ld.so
             for pg in range(vaddr // PAGE, (vaddr + memsz) // PAGE):
                 if pg in perms:
@@ -739,10 +873,12 @@ class Avx512Emulator:
         o = self._p_sysdata * PAGE
         self._u8[o:o + PAGE] = self._sysdata                  # fresh GDT/TSS/IDT for every run
         t0 = time.perf_counter()
-        finished = self._machine.run(st, timeout, count)
+        with self._machine.lock:
+            finished = self._machine.run(st, timeout, count)
         self.last.seconds = time.perf_counter() - t0
         m = self._machine
         self.last.icount = m.icount if count else None
+        self.last.raw_faults = m.raw_faults
         final = m.session.cpu.state
         rip = final.rip
         if m.missing:
@@ -787,6 +923,10 @@ class Avx512Emulator:
             kind = "instruction fetch" if err & 16 else "write" if err & 2 else "read"
             cause = "protection violation" if err & 1 else "not mapped"
             msg += f"; {kind} at {cr2:#x} ({cause}: {self.describe_data(cr2)})"
+        if vector == _VEC_PF and self._raw_active and self._raw_refusal and self._raw_refusal not in msg:
+            msg += f" [call_raw: {self._raw_refusal}]"
+        if self._machine.hook_error is not None:
+            msg += f" [the call_raw page-fault handler failed: {self._machine.hook_error!r}]"
         if vector == 6:
             msg += " (an instruction the emulated CPU does not implement, or an invalid encoding)"
         if vector == 19:
@@ -808,7 +948,7 @@ class Avx512Emulator:
     def describe_data(self, va: int) -> str:
         """Where a data address lies relative to the arrays of the current call."""
         for pl in self._placed:
-            start = _VA_BASE + pl.offset
+            start = self._va_base + pl.offset
             end = start + pl.nbytes
             if self._va(pl.first_page - 1) <= va < self._va(pl.first_page + pl.npages + 1):
                 if va < start:
@@ -819,8 +959,11 @@ class Avx512Emulator:
         return self._region(va)
 
     def _region(self, va: int) -> str:
-        p = (va - _VA_BASE) // PAGE
-        if va < _VA_BASE or p >= self._npages:
+        p = (va - self._va_base) // PAGE
+        if va < self._va_base or p >= self._npages:
+            if self._raw_active:
+                vma = _HostMaps().find(va) if 0 <= va < _HOST_VA_LIMIT else None
+                return _describe_vma(vma) if vma else "not mapped in the host process"
             return "outside the emulated address space"
         if p < self._n_tables:
             return "page tables (not mapped)"
@@ -838,12 +981,12 @@ class Avx512Emulator:
 
     def read_memory(self, va: int, size: int, allow_unmapped: bool = False) -> bytes:
         """Bytes of the emulated address space, e.g. a string a function returned a pointer to."""
-        off = va - _VA_BASE
+        off = va - self._va_base
         if off < 0 or off + size > self._npages * PAGE:
             if allow_unmapped:
                 return b""
             raise ValueError(f"{va:#x}+{size} is outside the emulated address space")
-        return bytes(self._mem[off:off + size])
+        return bytes(self._buf[off:off + size])
 
     def read_cstring(self, va: int, limit: int = 4096) -> bytes:
         """The NUL-terminated string at va (e.g. returned by gpt2asm_build_id)."""
@@ -876,6 +1019,42 @@ class Avx512Emulator:
              about 20x slower).
         check_abi: raise AbiViolation if callee-saved state was not preserved.
         """
+        return self._invoke(symbol, args, False, ret, timeout, count, check_abi)
+
+    def call_raw(self, symbol: str, *args, ret: str | None = "int", timeout: float | None = ...,
+                 count: bool = False, check_abi: bool = True):
+        """Run `symbol` on the host's own memory: pointer arguments are raw host addresses (ints).
+
+        The guest's virtual address space is the host's: guest VA == host VA.  A guest access to a
+        host page raises a page fault, which the exception hook resolves before the fault is delivered:
+        it looks the address up in /proc/self/maps, gives the surrounding aligned raw_window (clipped to
+        that host mapping) guest-physical frames backed by the host pages themselves (bochscpu
+        page_insert of the host pointers, cached for the process), writes the page-table entries (NX;
+        writable only if the host mapping is) and lets the CPU re-run the instruction through an iretq
+        stub.  No data is copied: reads see the host arrays and writes land in them directly.
+        Addresses that are not mapped readable in the host, writes to read-only host mappings,
+        instruction fetches from host memory and any access to the emulator's own guard pages still
+        fault (CpuFault).  The mappings are dropped after each call.  Unlike call(), out-of-bounds
+        accesses inside a host mapping are not detected (no guard pages or canaries around the data).
+
+        Arguments: int, numpy integer, bool, None (NULL), a ctypes pointer or c_void_p (its address), a
+        numpy array (its data address, no copy), np.float32 / float as for call().
+        """
+        return self._invoke(symbol, args, True, ret, timeout, count, check_abi)
+
+    def bind(self, symbol: str, *, ret: str | None = None, timeout: float | None = ...,
+             check_abi: bool = True):
+        """A callable fn(*args) = call_raw(symbol, *args): a drop-in for a ctypes function whose
+        pointer arguments are host addresses (e.g. gpt2asm.kernels.Kernels._bind)."""
+        self.address_of(symbol)              # unknown symbol: KeyError now
+
+        def fn(*args):
+            return self.call_raw(symbol, *args, ret=ret, timeout=timeout, check_abi=check_abi)
+        fn.__name__ = fn.__qualname__ = symbol
+        fn.emulator = self
+        return fn
+
+    def _invoke(self, symbol, args, raw, ret, timeout, count, check_abi):
         if self._closed:
             raise EmulationError("emulator is closed")
         entry = self.address_of(symbol)
@@ -884,21 +1063,32 @@ class Avx512Emulator:
         if ret not in ("int", "i64", "i32", "u32", "float", "double", None):
             raise ValueError(f"ret={ret!r}: use 'int', 'i64', 'i32', 'u32', 'float', 'double' or None")
         timeout = self.timeout if timeout is ... else timeout
-        self.last = CallResult(symbol=symbol)
-        try:
-            ints, sses, stack = self._marshal(args)
-            return self._call(symbol, entry, ints, sses, stack, ret, timeout, count, check_abi)
-        finally:                             # the next call starts with an empty arena
-            self._unmap(self._p_arena, self._arena_end - self._p_arena)
-            self._arena_end = self._p_arena
+        with self._machine.lock:
+            self.last = CallResult(symbol=symbol)
+            try:
+                ints, sses, stack = self._marshal(args, raw)
+                if raw:
+                    self._raw_active, self._host_maps = True, None
+                    self._machine.raw_handler = self
+                return self._call(symbol, entry, ints, sses, stack, ret, timeout, count, check_abi)
+            finally:                         # the next call starts with an empty arena
+                if raw:
+                    self._raw_end()
+                self._unmap(self._p_arena, self._arena_end - self._p_arena)
+                self._arena_end = self._p_arena
 
-    def _marshal(self, args):
-        """Classify the arguments and copy arrays into the arena: (int regs, sse regs, stack words)."""
+    def _marshal(self, args, raw: bool = False):
+        """Classify the arguments and copy arrays into the arena: (int regs, sse regs, stack words).
+        raw: arrays and ctypes pointers pass their host address (nothing is copied)."""
         ints, sses, stack = [], [], []
         self._placed = []
         by_object: dict[int, _Placed] = {}
         cursor = self._p_arena
         for i, a in enumerate(args):
+            if raw and isinstance(a, np.ndarray):
+                a = a.__array_interface__["data"][0]
+            elif raw and isinstance(a, (ctypes.c_void_p, ctypes._Pointer)):
+                a = ctypes.cast(a, ctypes.c_void_p).value or 0
             if isinstance(a, (bytes, bytearray, memoryview)):
                 a = np.frombuffer(a, dtype=np.uint8)        # read-only for bytes
             if isinstance(a, np.ndarray):
@@ -912,7 +1102,7 @@ class Avx512Emulator:
                     pl, cursor = self._place(a, i, cursor)
                     by_object[id(a)] = pl
                     self._placed.append(pl)
-                value, sse = _VA_BASE + pl.offset, False
+                value, sse = self._va_base + pl.offset, False
             elif isinstance(a, np.float32):
                 value, sse = int(np.float32(a).view(np.uint32)), True
             elif isinstance(a, (float, np.float64)):
@@ -959,7 +1149,7 @@ class Avx512Emulator:
         args_va = (self._va(self._p_stack_end) - 256 - 8 * len(stack)) & ~0xF
         rsp = args_va - 8
         words = [ret_va] + stack
-        struct.pack_into(f"<{len(words)}Q", self._mem, rsp - _VA_BASE, *words)
+        struct.pack_into(f"<{len(words)}Q", self._buf, rsp - self._va_base, *words)
 
         self._sysdata[_SYS_ENTRY:_SYS_ENTRY + 8] = np.frombuffer(struct.pack("<Q", entry), np.uint8)
         st = self._base_state(self._va(self._p_syscode, _SYS_ENTER), rsp)
@@ -1031,6 +1221,87 @@ class Avx512Emulator:
             return np.uint64(xmm0).view(np.float64)
         return None
 
+    # ---- call_raw: host pages mapped on demand
+    def _set_pf_gate(self, resume: bool):
+        """Point IDT vector 14 at the iretq stub (a resolved fault) or at its hlt stub (a real one)."""
+        o = self._p_sysdata * PAGE + _SYS_IDT + _VEC_PF * 16
+        self._u8[o:o + 16] = self._pf_gates[resume]
+
+    def _raw_fault(self, addr: int, err: int) -> bool:
+        """Called by the exception hook for a #PF during call_raw: map the host page(s) around addr and
+        return True, or return False (a real fault; self._raw_refusal says why)."""
+        self._raw_refusal = ""
+        if err & 0x19:                       # present (protection), reserved bit, or instruction fetch
+            if err & 0x10:
+                self._raw_refusal = "instruction fetch from a data address"
+            return False
+        if self._va_base <= addr < self._va(self._npages):
+            return False                     # the emulator's own pages: guard pages stay guards
+        if not 0 < addr < _HOST_VA_LIMIT:
+            self._raw_refusal = "not a user-space host address"
+            return False
+        vma = None if self._host_maps is None else self._host_maps.find(addr)
+        if vma is None:                      # a snapshot per call, re-read when it does not know addr
+            self._host_maps = _HostMaps()
+            vma = self._host_maps.find(addr)
+        if vma is None:
+            self._raw_refusal = "not mapped in the host process"
+            return False
+        lo, hi, perms, path = vma
+        if perms[0] != "r" or path in _HOST_SPECIAL:
+            self._raw_refusal = f"not readable: {_describe_vma(vma)}"
+            return False
+        writable = perms[1] == "w"
+        if err & 2 and not writable:
+            self._raw_refusal = f"write to a read-only {_describe_vma(vma)}"
+            return False
+        w0 = addr & ~(self.raw_window - 1)
+        wlo, whi = max(lo, w0), min(hi, w0 + self.raw_window)
+        blo, bhi = self._va_base, self._va(self._npages)
+        if wlo < bhi and blo < whi:          # never map over the emulator's own block
+            wlo, whi = (wlo, blo) if addr < blo else (bhi, whi)
+        pt = self._page_table(wlo, self._raw_table)[0]
+        i_lo = wlo >> 12 & 511
+        i_hi = i_lo + (whi - wlo) // PAGE
+        if pt[addr >> 12 & 511] & _PTE_P:
+            return False                     # already mapped: re-running would fault again
+        gpa = self._machine.raw_frames(wlo >> 21, i_lo, i_hi)
+        flags = _PTE_P | _PTE_A | _PTE_D | _PTE_NX | (_PTE_W if writable else 0)
+        pt[i_lo:i_hi] = (np.uint64(gpa) + np.arange(i_lo, i_hi, dtype=np.uint64) * np.uint64(PAGE)
+                         ) | np.uint64(flags)
+        self._raw_mapped.append((pt, i_lo, i_hi))
+        return True
+
+    def _raw_table(self) -> tuple[np.ndarray, int, int]:
+        """A zeroed page-table page (not in the block) for host addresses."""
+        if not self._raw_pool_free:
+            if not self._raw_pool_gpa:
+                self._raw_pool_gpa = self._machine.alloc_gpa(_GPA_SLOT)
+            gpa = self._raw_pool_gpa + len(self._raw_pool) * _RAW_POOL_PAGES * PAGE
+            if gpa + _RAW_POOL_PAGES * PAGE > self._raw_pool_gpa + _GPA_SLOT:
+                raise EmulationError("call_raw: out of page-table pages")
+            chunk = mmap.mmap(-1, _RAW_POOL_PAGES * PAGE)
+            u64 = np.frombuffer(chunk, dtype=np.uint64)
+            hva = u64.ctypes.data
+            self._raw_pool.append(chunk)
+            for i in range(_RAW_POOL_PAGES):
+                _bmem.page_insert(gpa + i * PAGE, hva + i * PAGE)
+                self._raw_pool_free.append((u64[i * 512:(i + 1) * 512], gpa + i * PAGE))
+        view, gpa = self._raw_pool_free.pop()
+        return view, gpa, -1
+
+    def _raw_end(self):
+        """After a call_raw: unmap every host page it mapped, forget the host memory map."""
+        for pt, lo, hi in self._raw_mapped:
+            pt[lo:hi] = 0
+        self._raw_mapped = []
+        self._raw_active, self._host_maps = False, None
+        self.raw_stats["calls"] += 1
+        self.raw_stats["faults"] += self.last.raw_faults
+        self.raw_stats["seconds"] += self.last.seconds
+        if self._machine.raw_handler is self:
+            self._machine.raw_handler = None
+
     # ---- lifetime
     def close(self):
         """Take the library out of the emulated machine (done for all emulators at interpreter exit)."""
@@ -1039,9 +1310,22 @@ class Avx512Emulator:
         self._closed = True
         for i in range(self._npages):
             _bmem.page_remove(self._gpa + i * PAGE)
+        for i in range(len(self._raw_pool) * _RAW_POOL_PAGES):
+            _bmem.page_remove(self._raw_pool_gpa + i * PAGE)
         self._machine.emulators.discard(self)
         self._u8 = self._u64 = None
+        self._tables, self._raw_pool_free, self._raw_mapped, self._pf_gates = {}, [], [], {}
         self._placed = []
+        for chunk in self._raw_pool:
+            try:
+                chunk.close()
+            except BufferError:
+                pass
+        self._raw_pool = []
+        try:
+            self._buf.release()
+        except BufferError:
+            pass
         del self._mem_anchor
         try:
             self._mem.close()

@@ -1,0 +1,1167 @@
+"""checkasm-style tests (and a benchmark) for the elementwise and attention kernels.
+
+    gpt2asm_expf_f32_*, gpt2asm_gelu_f32_*, gpt2asm_softmax_f32_*, gpt2asm_layernorm_f32_*,
+    gpt2asm_attention_f32_*                               for * in avx2, avx512   (docs/kernels.md)
+
+Every variant the CPU has runs natively; the AVX-512 ones also run under tests/avx512emu.py (an
+emulated AVX-512 CPU) when that is available, else they are skipped with the reason.  Each call is
+checked against
+
+  * the contract itself, bit for bit: numpy models (`expf_c`, `hsum16`, `softmax_c`, ...) replay the
+    documented sequence of binary32 operations, with an exact FMA model (float64 product, error-free
+    sum, correctly rounded to binary32 with ties broken by the exact residual).  NaN-ness must agree;
+  * the other ISA, bit for bit, NaN payloads included (every AVX-512 result is compared with AVX2);
+  * a float64 reference (picoGPT style: layer_norm, tanh gelu, softmax, attention) within the bounds
+    docs/kernels.md states, and special values (+-inf, NaN, -0.0, denormals, huge/tiny magnitudes);
+  * the memory contract: natively every buffer sits inside 4 KiB of canary bytes on each side at a
+    varying misalignment (also odd byte offsets), inputs must stay unchanged, and a forked child runs
+    every kernel with every buffer ending (or starting) at a PROT_NONE page, so a single byte of
+    over-read faults; under emulation the emulator page-guards and canaries every array itself
+    (inputs mapped read-only).
+
+Run:  pytest tests/test_kernels_ops.py
+      python tests/test_kernels_ops.py --bench        (ns per call at GPT-2 sizes, native variants)
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# GPT2ASM_TEST_LIB=path tests a library built elsewhere (nothing is built then)
+LIB_PATH = Path(os.environ.get("GPT2ASM_TEST_LIB") or ROOT / "gpt2asm" / "libgpt2asm.so")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ISAS = ("avx2", "avx512")
+GUARD = 4096                                     # canary bytes before and after every native buffer
+LENGTHS = (1, 2, 7, 15, 16, 17, 31, 33, 100, 768, 1023, 1600, 3072, 50257)
+NPOS = (1, 2, 15, 16, 17, 100, 1024)
+HEAD = 64
+F32 = np.float32
+FLT_MAX = float(np.finfo(np.float32).max)
+MIN_NORMAL = 2.0 ** -126
+
+# argument kinds per kernel: i = input array, o = output array, w = workspace (written, contents
+# unspecified: not compared between variants), n = size_t
+SIGS = {
+    "expf": "ion",
+    "gelu": "ion",
+    "softmax": "ion",
+    "layernorm": "iiion",
+    "attention": "iiiownnnn",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# library, CPU features, emulator
+
+_LIB = None
+
+
+def load_lib(build: bool = True) -> ctypes.CDLL:
+    """Build the library once per session (python build.py -q) and load it."""
+    global _LIB
+    if _LIB is None:
+        if build and not os.environ.get("GPT2ASM_TEST_LIB"):
+            subprocess.run([sys.executable, "build.py", "-q"], cwd=ROOT, check=True)
+        lib = ctypes.CDLL(str(LIB_PATH))
+        lib.gpt2asm_cpuid.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+        lib.gpt2asm_cpuid.restype = None
+        lib.gpt2asm_xgetbv.argtypes = [ctypes.c_uint32]
+        lib.gpt2asm_xgetbv.restype = ctypes.c_uint64
+        for op, sig in SIGS.items():
+            for isa in ISAS:
+                fn = getattr(lib, f"gpt2asm_{op}_f32_{isa}")
+                fn.argtypes = [ctypes.c_size_t if k == "n" else ctypes.c_void_p for k in sig]
+                fn.restype = None
+        _LIB = lib
+    return _LIB
+
+
+def isas_from_cpuid(cpuid, xgetbv) -> set[str]:
+    """The ISA families a CPU (and OS) can run, from CPUID and XCR0 (docs/kernels.md)."""
+    bit = lambda v, *bs: all(v >> b & 1 for b in bs)       # noqa: E731
+    max_leaf = cpuid(0, 0)[0]
+    ecx1 = cpuid(1, 0)[2]
+    ebx7 = cpuid(7, 0)[1] if max_leaf >= 7 else 0
+    if not bit(ecx1, 27):                                  # OSXSAVE: xgetbv is usable
+        return set()
+    xcr0 = xgetbv(0)
+    have = set()
+    if bit(ecx1, 12, 27, 28, 29) and bit(ebx7, 5) and bit(xcr0, 1, 2):
+        have.add("avx2")
+        if bit(ebx7, 16) and bit(xcr0, 5, 6, 7):
+            have.add("avx512")
+    return have
+
+
+def native_isas() -> set[str]:
+    lib = load_lib()
+    regs = (ctypes.c_uint32 * 4)()
+
+    def cpuid(leaf, sub):
+        lib.gpt2asm_cpuid(leaf, sub, regs)
+        return tuple(regs)
+    return isas_from_cpuid(cpuid, lib.gpt2asm_xgetbv)
+
+
+_EMU: list = []                                  # [emulator, None] or [None, reason]
+
+
+def emulator():
+    """(Avx512Emulator, None) or (None, why not).  The emulated CPU is itself probed with the
+    library's gpt2asm_cpuid / gpt2asm_xgetbv, run under emulation."""
+    if not _EMU:
+        try:
+            import avx512emu
+            if not avx512emu.available():
+                _EMU[:] = [None, avx512emu.why_unavailable()]
+            else:
+                load_lib()
+                emu = avx512emu.Avx512Emulator(str(LIB_PATH), timeout=300.0)
+
+                def cpuid(leaf, sub):
+                    regs = np.zeros(4, np.uint32)
+                    emu.call("gpt2asm_cpuid", leaf, sub, regs, ret=None)
+                    return tuple(int(r) for r in regs)
+                have = isas_from_cpuid(cpuid, lambda x: emu.call("gpt2asm_xgetbv", x))
+                if "avx512" in have:
+                    _EMU[:] = [emu, None]
+                else:
+                    _EMU[:] = [None, f"the emulated CPU does not report AVX-512 ({sorted(have)})"]
+        except Exception as e:                             # missing file, or an emulator bug
+            _EMU[:] = [None, f"tests/avx512emu.py not usable: {type(e).__name__}: {e}"]
+    return _EMU[0], _EMU[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# runners: call a kernel on numpy arrays (outputs are written back into the caller's arrays)
+
+class Guarded:
+    """`nbytes` of payload inside GUARD canary bytes on each side, starting `misalign` bytes after a
+    64-byte boundary."""
+
+    def __init__(self, a: np.ndarray, misalign: int, seed: int):
+        nbytes = a.nbytes
+        self.raw = np.empty(2 * GUARD + 64 + nbytes + 64, np.uint8)
+        self.start = (-self.raw.ctypes.data) % 64 + GUARD + misalign
+        self.end = self.start + nbytes
+        self.canary = np.random.default_rng(seed).integers(0, 256, self.raw.size, dtype=np.uint8)
+        self.raw[:] = self.canary
+        self.raw[self.start:self.end] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        self.orig = self.raw[self.start:self.end].copy()
+        self.addr = self.raw.ctypes.data + self.start
+
+    def payload(self) -> np.ndarray:
+        return self.raw[self.start:self.end]
+
+    def check(self, what: str) -> None:
+        for lo, hi, where in ((0, self.start, "before"), (self.end, self.raw.size, "after")):
+            bad = np.flatnonzero(self.raw[lo:hi] != self.canary[lo:hi])
+            assert bad.size == 0, (f"{what}: canary bytes {where} the buffer changed at byte offsets "
+                                   f"{(bad[:8] + lo - self.start).tolist()}")
+
+
+MISALIGN = (0, 4, 1, 8, 60, 2, 12, 3, 36, 20, 44, 5)
+
+
+class Native:
+    """A variant run natively.  Each call copies every array into its own canary-guarded buffer at a
+    rotating misalignment (odd byte offsets included), checks the canaries and that inputs are
+    unchanged, and copies outputs back."""
+
+    def __init__(self, isa: str):
+        self.isa, self.lib = isa, load_lib()
+        self.name = f"{isa} (native)"
+        self._mis = itertools.cycle(MISALIGN)
+        self._seed = itertools.count(1)
+
+    def __call__(self, op: str, *args) -> None:
+        sig = SIGS[op]
+        assert len(args) == len(sig), (op, len(args))
+        outs = {id(a) for k, a in zip(sig, args) if k in "ow"}
+        placed: dict[int, Guarded] = {}
+        cargs = []
+        for k, a in zip(sig, args):
+            if k == "n":
+                cargs.append(int(a))
+                continue
+            assert a.dtype == np.float32 and a.flags.c_contiguous
+            g = placed.get(id(a))
+            if g is None:
+                g = placed[id(a)] = Guarded(a, next(self._mis), next(self._seed))
+            cargs.append(g.addr)
+        getattr(self.lib, f"gpt2asm_{op}_f32_{self.isa}")(*cargs)
+        for k, a in zip(sig, args):
+            if k == "n":
+                continue
+            g = placed[id(a)]
+            g.check(f"{op}_{self.isa}")
+            if id(a) in outs:
+                a.reshape(-1).view(np.uint8)[:] = g.payload()
+            else:
+                assert np.array_equal(g.payload(), g.orig), f"{op}_{self.isa} wrote into an input"
+
+
+class Emulated:
+    """A variant run on the emulated AVX-512 CPU: arrays are copied into page-guarded buffers
+    (inputs mapped read-only, canaries checked by the emulator) and outputs copied back."""
+
+    def __init__(self, emu, isa: str):
+        self.emu, self.isa = emu, isa
+        self.name = f"{isa} (emulated)"
+
+    def __call__(self, op: str, *args) -> None:
+        sig = SIGS[op]
+        outs = {id(a) for k, a in zip(sig, args) if k in "ow"}
+        eargs = []
+        for k, a in zip(sig, args):
+            if k == "n":
+                eargs.append(int(a))
+            elif id(a) in outs:
+                eargs.append(a)
+            else:
+                ro = np.array(a, copy=True)
+                ro.flags.writeable = False
+                eargs.append(ro)
+        self.emu.call(f"gpt2asm_{op}_f32_{self.isa}", *eargs, ret=None)
+
+
+_RUNNERS: dict[str, object] = {}
+
+
+def runner(isa: str):
+    """The runner of an ISA (native if the CPU has it, else emulated), or pytest.skip."""
+    if isa not in _RUNNERS:
+        if isa in native_isas():
+            _RUNNERS[isa] = Native(isa)
+        elif isa == "avx512":
+            emu, why = emulator()
+            _RUNNERS[isa] = Emulated(emu, isa) if emu is not None else \
+                f"no AVX-512 on this CPU and no emulator: {why}"
+        else:
+            _RUNNERS[isa] = f"this CPU/OS cannot run {isa}"
+    r = _RUNNERS[isa]
+    if isinstance(r, str):
+        pytest.skip(r)
+    return r
+
+
+def baseline():
+    """The AVX2 variant natively, to compare other ISAs with (None if the CPU lacks AVX2)."""
+    if "avx2" not in native_isas() or "avx2" not in ISAS:
+        return None
+    return runner("avx2")
+
+
+@pytest.fixture(params=ISAS)
+def variant(request):
+    return runner(request.param)
+
+
+@pytest.fixture
+def emulated(variant):
+    """True when the variant runs under emulation (tests then use smaller sweeps)."""
+    return isinstance(variant, Emulated)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(np.asarray(a, F32).view(np.uint32), np.asarray(b, F32).view(np.uint32))
+
+
+def model_equal(got: np.ndarray, exp: np.ndarray) -> np.ndarray:
+    """Elementwise: same bits, or both NaN (the models do not track NaN payloads)."""
+    g, e = np.asarray(got, F32), np.asarray(exp, F32)
+    return (g.view(np.uint32) == e.view(np.uint32)) | (np.isnan(g) & np.isnan(e))
+
+
+def assert_model(got, exp, what: str) -> None:
+    ok = model_equal(got, exp)
+    if not ok.all():
+        i = np.flatnonzero(~ok.reshape(-1))
+        g, e = np.asarray(got).reshape(-1), np.asarray(exp).reshape(-1)
+        raise AssertionError(f"{what}: {i.size} outputs differ from the contract model, first at "
+                             f"{i[:5].tolist()}: got {g[i[:5]].tolist()} expected {e[i[:5]].tolist()}")
+
+
+def run(variant, op: str, *args) -> None:
+    """Run `op` on `variant`; if that is not native AVX2, also run native AVX2 on copies of the same
+    arguments and require bit-identical outputs (NaN payloads included)."""
+    base = baseline()
+    copies = None
+    if base is not None and base is not variant:
+        memo: dict[int, np.ndarray] = {}
+        copies = [a if isinstance(a, int) else memo.setdefault(id(a), a.copy()) for a in args]
+    variant(op, *args)
+    if copies is not None:
+        base(op, *copies)
+        for k, a, c in zip(SIGS[op], args, copies):
+            if k == "o" and not same_bits(a, c):
+                d = np.flatnonzero(a.reshape(-1).view(np.uint32) != c.reshape(-1).view(np.uint32))
+                raise AssertionError(f"{op}: {variant.name} and {base.name} differ at {d[:8].tolist()}: "
+                                     f"{a.reshape(-1)[d[:4]].tolist()} vs {c.reshape(-1)[d[:4]].tolist()}")
+
+
+# --------------------------------------------------------------------------------------------------
+# the contract in numpy: exact binary32 models of docs/kernels.md
+
+def fma32(a, b, c) -> np.ndarray:
+    """Correctly rounded binary32 fma(a, b, c): the float64 product of two binary32 is exact; the sum
+    is split into its float64 rounding s and the exact residual e (TwoSum); rounding s to binary32 is
+    correct unless s lies exactly on a binary32 midpoint and e != 0, then e decides."""
+    a, b, c = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32), np.asarray(c, F32))
+    with np.errstate(all="ignore"):
+        p = a.astype(np.float64) * b.astype(np.float64)
+        cd = c.astype(np.float64)
+        s = p + cd
+        bb = s - p
+        e = (p - (s - bb)) + (cd - bb)
+        r = s.astype(F32)
+        rd = r.astype(np.float64)
+        fin = np.isfinite(s) & np.isfinite(rd)
+        nb = np.nextafter(r, np.where(s > rd, F32(np.inf), F32(-np.inf)))
+        mid = (rd + nb.astype(np.float64)) * 0.5
+        fix = fin & (s != rd) & (s == mid) & np.isfinite(e) & (e != 0)
+        up = np.where(e > 0, np.maximum(r, nb), np.minimum(r, nb))
+        return np.where(fix, up, r).astype(F32)
+
+
+def bits_f32(u: int) -> np.float32:
+    return np.array([u], np.uint32).view(F32)[0]
+
+
+EXP_LO, EXP_HI = F32(-104.0), F32(89.0)
+LOG2E = bits_f32(0x3FB8AA3B)
+NLN2HI = bits_f32(0xBF318000)
+LN2LO = bits_f32(0x395E8083)
+POLY = [F32(1.9875691500e-4), F32(1.3981999507e-3), F32(8.3334519073e-3), F32(4.1665795894e-2),
+        F32(1.6666665459e-1), F32(5.0000001201e-1)]
+GELU_C = F32(0.044715)
+GELU_M = bits_f32(0xBFCC422A)                    # -1.59576912f = -2 sqrt(2/pi)
+EPS = F32(1e-5)
+
+
+def expf_c(x) -> np.ndarray:
+    """docs/kernels.md expf_c, elementwise on binary32."""
+    x = np.asarray(x, F32)
+    with np.errstate(all="ignore"):
+        xc = np.minimum(np.maximum(x, EXP_LO), EXP_HI)
+        n = np.rint(xc * LOG2E)
+        r = fma32(n, NLN2HI, xc)
+        r = fma32(n, LN2LO, r)
+        r2 = r * r
+        p = fma32(POLY[0], r, POLY[1])
+        for c in POLY[2:]:
+            p = fma32(p, r, c)
+        p = fma32(p, r2, r)
+        p = p + F32(1)
+        k = np.where(np.isnan(n), 0, n).astype(np.int32)
+        a = k >> 1
+        b = k - a
+        two_a = ((a + 127) << 23).astype(np.int32).view(F32)
+        two_b = ((b + 127) << 23).astype(np.int32).view(F32)
+        y = (p * two_a) * two_b
+        return np.where(np.isnan(x), x, y).astype(F32)
+
+
+def lanes16(v, fill) -> np.ndarray:
+    """v as rows of 16 lanes (element i in row i//16, lane i%16), padded with `fill`."""
+    v = np.asarray(v, F32).reshape(-1)
+    rows = -(-v.size // 16)
+    out = np.full(rows * 16, fill, F32)
+    out[:v.size] = v
+    return out.reshape(rows, 16)
+
+
+def tree16(s, op) -> np.float32:
+    s = np.array(s, F32)
+    for w in (8, 4, 2, 1):
+        s[:w] = op(s[:w], s[w:2 * w])
+    return s[0]
+
+
+def add32(a, b):
+    with np.errstate(all="ignore"):
+        return (a + b).astype(F32)
+
+
+def gtmax(a, b):
+    """(a > b) ? a : b, as vmaxps with a as first source."""
+    return np.where(a > b, a, b).astype(F32)
+
+
+def hsum16(v) -> np.float32:
+    """s[l] = +0.0; s[i mod 16] += v[i] in increasing i; pairwise tree 8, 4, 2, 1."""
+    rows = np.vstack([np.zeros((1, 16), F32), lanes16(v, 0.0)])
+    with np.errstate(all="ignore"):
+        s = np.cumsum(rows, axis=0, dtype=F32)[-1]       # sequential binary32 adds, in row order
+    return tree16(s, add32)
+
+
+def hmax16(v) -> np.float32:
+    m = np.full(16, -np.inf, F32)
+    for row in lanes16(v, -np.inf):
+        m = gtmax(row, m)
+    return tree16(m, gtmax)
+
+
+def gelu_c(x) -> np.ndarray:
+    x = np.asarray(x, F32)
+    with np.errstate(all="ignore"):
+        t = (x * x) * x
+        v = fma32(GELU_C, t, x)
+        w = v * GELU_M
+        e = expf_c(w)
+        return (x / (F32(1) + e)).astype(F32)
+
+
+def softmax_c(x) -> np.ndarray:
+    x = np.asarray(x, F32)
+    with np.errstate(all="ignore"):
+        m = hmax16(x)
+        e = expf_c(x - m)
+        s = hsum16(e)
+        return (e / s).astype(F32)
+
+
+def layernorm_c(x, g, b) -> np.ndarray:
+    x, g, b = (np.asarray(a, F32) for a in (x, g, b))
+    n = F32(x.size)                                   # (float)n, rounded to nearest
+    with np.errstate(all="ignore"):
+        mean = hsum16(x) / n
+        d = lanes16(x - mean, 0.0)                    # +0.0 past the end
+        q = np.zeros(16, F32)
+        for row in d:
+            q = fma32(row, row, q)
+        var = tree16(q, add32) / n
+        rstd = F32(1) / np.sqrt(var + EPS)
+        return fma32((x - mean) * rstd, g, b)
+
+
+def dot64_rows(qh, K) -> np.ndarray:
+    """dot64(qh, K[t]) for every row t: 16 lanes, fma over c = 0..3, then the hsum16 tree."""
+    acc = np.zeros((K.shape[0], 16), F32)
+    for c in range(4):
+        acc = fma32(qh[None, 16 * c:16 * c + 16], K[:, 16 * c:16 * c + 16], acc)
+    for w in (8, 4, 2, 1):
+        acc[:, :w] = add32(acc[:, :w], acc[:, w:2 * w])
+    return acc[:, 0].copy()
+
+
+def attention_c(q, k, v, n_pos, hb, he) -> np.ndarray:
+    """out[hb*64 .. he*64) of gpt2asm_attention_f32 (k, v: [n_head][n_ctx][64])."""
+    P = np.empty((he - hb, n_pos), F32)
+    for i, h in enumerate(range(hb, he)):
+        with np.errstate(all="ignore"):
+            s = dot64_rows(q[h * HEAD:(h + 1) * HEAD], k[h, :n_pos]) * F32(0.125)
+        P[i] = softmax_c(s)
+    o = np.zeros((he - hb, HEAD), F32)
+    for t in range(n_pos):
+        o = fma32(P[:, t:t + 1], v[hb:he, t], o)
+    return o.reshape(-1)
+
+
+# float64 references, picoGPT style
+def gelu64(x):
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu64_stable(x):
+    """The same function as gelu64, as x * sigmoid(2u): 1 + tanh(u) cancels catastrophically in
+    float64 for x < -3 or so (relative error 1e-16 / (1 + tanh u)), this form does not."""
+    x = np.asarray(x, np.float64)
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def softmax64(x):
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def layer_norm64(x, g, b, eps=1e-5):
+    x = np.asarray(x, np.float64)
+    mean = np.mean(x, axis=-1, keepdims=True)
+    var = np.var(x, axis=-1, keepdims=True)
+    return g * (x - mean) / np.sqrt(var + eps) + b
+
+
+def attention64(q, k, v, n_pos, hb, he):
+    out = []
+    for h in range(hb, he):
+        qh = q[h * HEAD:(h + 1) * HEAD].astype(np.float64)
+        K, V = k[h, :n_pos].astype(np.float64), v[h, :n_pos].astype(np.float64)
+        out.append(softmax64(qh @ K.T / np.sqrt(HEAD)) @ V)
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def ulp_error(y, ref) -> np.ndarray:
+    """|y - ref| in units of the binary32 ulp at ref (ref float64, normal range)."""
+    e = np.maximum(np.floor(np.log2(np.abs(ref))), -126)
+    return np.abs(y.astype(np.float64) - ref) / np.exp2(e - 23)
+
+
+def test_models_self_check():
+    """The numpy models themselves: fma32 against exact rationals, hsum16 against a Python loop."""
+    from fractions import Fraction
+    rng = np.random.default_rng(0)
+    # short mantissas make many exact midpoints (the double-rounding trap)
+    a = (rng.integers(1, 1 << 12, 4000) * 2.0 ** rng.integers(-20, 0, 4000)).astype(F32)
+    b = (rng.integers(1, 1 << 12, 4000) * 2.0 ** rng.integers(-20, 0, 4000)).astype(F32)
+    c = (rng.choice([-1, 1], 4000) * rng.integers(1, 1 << 24, 4000) * 2.0 ** rng.integers(-40, 0, 4000)).astype(F32)
+    got = fma32(a, b, c)
+    for i in range(4000):
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        lo = F32(float(exact))                       # float(Fraction) is correctly rounded to f64
+        # correctly rounded binary32 of the exact value: check the neighbours
+        cands = [lo, np.nextafter(lo, F32(np.inf)), np.nextafter(lo, F32(-np.inf))]
+        best = min(cands, key=lambda z: (abs(Fraction(float(z)) - exact),
+                                         int(np.array([z], F32).view(np.uint32)[0]) & 1))
+        assert got[i] == best, (a[i], b[i], c[i], got[i], best)
+    v = rng.standard_normal(1000).astype(F32)
+    s = [F32(0)] * 16
+    for i, x in enumerate(v):
+        s[i % 16] = F32(s[i % 16] + x)
+    for w in (8, 4, 2, 1):
+        for j in range(w):
+            s[j] = F32(s[j] + s[j + w])
+    assert hsum16(v) == s[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# input generators
+
+def specials() -> np.ndarray:
+    return np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 1e-40, -3e-39,
+                     1.17549435e-38, FLT_MAX, -FLT_MAX, 1e30, -1e30, 89.0, 88.72283, 88.72284,
+                     -103.97, -104.0, -87.3, 1.0, -1.0, 0.5, 1e-7, -1e-7], F32)
+
+
+def mixed(rng, n: int, with_specials: bool = True) -> np.ndarray:
+    """Random binary32 in several regimes, with special values sprinkled in."""
+    parts = [rng.uniform(-110, 95, n), rng.standard_normal(n) * 3, rng.standard_normal(n) * 1e-3,
+             np.exp(rng.uniform(-100, 80, n)) * rng.choice([-1, 1], n)]
+    x = np.choose(rng.integers(0, 4, n), parts).astype(F32)
+    if with_specials and n >= 4:
+        sp = specials()
+        idx = rng.choice(n, min(n // 4, sp.size), replace=False)
+        x[idx] = rng.choice(sp, idx.size)
+    return x
+
+
+def nan_payloads(n: int, rng) -> np.ndarray:
+    """NaNs of both signs with various payloads (quiet and signalling)."""
+    pay = rng.integers(1, 1 << 22, n).astype(np.uint32)
+    quiet = rng.integers(0, 2, n).astype(np.uint32) << 22
+    sign = rng.integers(0, 2, n).astype(np.uint32) << 31
+    return (sign | np.uint32(0x7F800000) | quiet | pay).view(F32)
+
+
+# --------------------------------------------------------------------------------------------------
+# expf
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_expf_model(variant, n):
+    rng = np.random.default_rng(n)
+    x = mixed(rng, n)
+    y = np.full(n, np.nan, F32)
+    run(variant, "expf", x, y, n)
+    assert_model(y, expf_c(x), f"expf n={n}")
+
+
+def test_expf_inplace_and_nan_payloads(variant):
+    rng = np.random.default_rng(5)
+    x = mixed(rng, 1000)
+    x[::7] = nan_payloads(x[::7].size, rng)
+    exp = expf_c(x)
+    y = x.copy()
+    run(variant, "expf", y, y, y.size)
+    assert_model(y, exp, "expf in place")
+    nan = np.isnan(x)
+    # NaN in -> a quiet NaN out, sign and payload kept (vmaxps/vminps return x, every later operation
+    # propagates its first NaN operand)
+    assert same_bits(y[nan], (x[nan].view(np.uint32) | np.uint32(1 << 22)).view(F32))
+
+
+EXPF_STATS: dict[str, float] = {}
+
+
+def float_range(lo: float, hi: float) -> np.ndarray:
+    """Every binary32 in [lo, hi] (same sign)."""
+    a, b = sorted(int(np.array([v], F32).view(np.uint32)[0]) for v in (lo, hi))
+    return np.arange(a, b + 1, dtype=np.uint32).view(F32)
+
+
+def check_expf_accuracy(x, y, where: str) -> float:
+    ref = np.exp(x.astype(np.float64))
+    normal = (ref >= MIN_NORMAL) & (ref <= FLT_MAX)
+    u = ulp_error(y[normal], ref[normal])
+    worst = float(u.max()) if u.size else 0.0
+    assert worst <= 2.0, f"{where}: {worst:.3f} ulp at x = {x[normal][np.argmax(u)]!r}"
+    sub = ref < MIN_NORMAL
+    if sub.any():
+        err = np.abs(y[sub].astype(np.float64) - ref[sub])
+        assert err.max() <= 2.0 ** -148, f"{where}: subnormal error {err.max() / 2.0 ** -149} * 2^-149"
+    over = ref >= 2.0 ** 128                         # rounds to +inf even when correctly rounded
+    assert np.all(np.isposinf(y[over])), where
+    assert np.all(np.isfinite(y[ref < FLT_MAX * (1 - 2.0 ** -21)])), where
+    return worst
+
+
+def test_expf_accuracy(variant, emulated):
+    """<= 2 ulp against float64 exp on a dense sweep of [-104, 89] (2M evenly spaced points natively)
+    plus every binary32 of several subranges: the overflow and underflow ends and two full binades."""
+    sweeps = {"dense": np.linspace(-104, 89, 2_000_000).astype(F32)}
+    if emulated:                                     # ~5 M emulated instructions per second
+        sweeps.update(top=float_range(80.0, 89.0), bottom=float_range(-104.0, -86.0),
+                      mid=float_range(0.5, 0.5078125))
+    else:
+        sweeps.update(top=float_range(80.0, 89.0), bottom=float_range(-104.0, -86.0),
+                      near1=float_range(0.25, 0.5), neg=float_range(-0.5, -0.25),
+                      random=np.random.default_rng(3).uniform(-104, 89, 2_000_000).astype(F32))
+    worst = 0.0
+    for where, x in sweeps.items():
+        y = np.empty_like(x)
+        run(variant, "expf", x, y, x.size)
+        worst = max(worst, check_expf_accuracy(x, y, f"expf {where}"))
+        if not emulated and where in ("dense", "top", "bottom"):
+            assert_model(y, expf_c(x), f"expf {where}")
+    EXPF_STATS[variant.name] = worst
+    print(f"\nexpf {variant.name}: max error {worst:.4f} ulp over the sweeps")
+
+
+def test_expf_special_values(variant):
+    cases = [(0.0, 1.0), (-0.0, 1.0), (np.inf, np.inf), (-np.inf, 0.0), (89.0, np.inf),
+             (88.72284, np.inf), (1e30, np.inf), (FLT_MAX, np.inf), (-104.0, 0.0), (-200.0, 0.0),
+             (-1e30, 0.0), (-FLT_MAX, 0.0), (1e-45, 1.0), (-1e-45, 1.0), (1e-30, 1.0), (-1e-8, 1.0), (-3e-8, 0.99999994),
+             (-103.2, 2.0 ** -149)]
+    x = np.array([c[0] for c in cases] + [np.nan, 88.72283, 1.0, -87.5, -103.0], F32)
+    y = np.empty_like(x)
+    run(variant, "expf", x, y, x.size)
+    for i, (xi, yi) in enumerate(cases):
+        assert same_bits(y[i:i + 1], np.array([yi], F32)), f"expf({xi}) = {y[i]!r}, want {yi}"
+    assert np.isnan(y[len(cases)])
+    top, e1, sub, tiny = y[len(cases) + 1:]
+    assert np.isfinite(top) and top > 3.4e38                     # just below the overflow threshold
+    assert abs(float(e1) - math.e) <= 2 * 2.0 ** -22             # within 2 ulp of e
+    assert 0 < sub < MIN_NORMAL and abs(float(sub) - math.exp(-87.5)) <= 2.0 ** -148
+    assert 0 < tiny < MIN_NORMAL
+    # the overflow threshold: the largest finite result and the first +inf straddle ln(FLT_MAX)
+    xs = float_range(88.7228, 88.72284)
+    ys = np.empty_like(xs)
+    run(variant, "expf", xs, ys, xs.size)
+    fin = np.isfinite(ys)
+    assert fin[0] and not fin[-1] and np.all(np.diff(fin.astype(int)) <= 0)
+    assert abs(float(xs[np.argmin(fin)]) - math.log(FLT_MAX)) < 2e-5
+    # the underflow end: monotone, reaches +0.0 exactly, and 2^-149 is produced
+    xs = float_range(-104.0, -103.0)                 # from -103 down to -104
+    ys = np.empty_like(xs)
+    run(variant, "expf", xs, ys, xs.size)
+    assert np.all(np.diff(ys.astype(np.float64)) <= 0) and ys[-1] == 0 and (ys == 2.0 ** -149).any()
+
+
+# --------------------------------------------------------------------------------------------------
+# gelu
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_gelu_model(variant, n):
+    rng = np.random.default_rng(100 + n)
+    x = np.where(rng.random(n) < 0.7, rng.standard_normal(n) * 3, mixed(rng, n)).astype(F32)
+    y = np.full(n, np.nan, F32)
+    run(variant, "gelu", x, y, n)
+    assert_model(y, gelu_c(x), f"gelu n={n}")
+
+
+def gelu_bound(x, ref):
+    """docs/kernels.md: |y - ref| <= (4 + 3|w|) 2^-24 |ref| + 1e-37, w = 2 sqrt(2/pi)(x + 0.044715x^3)."""
+    xd = x.astype(np.float64)
+    w = np.abs(2 * np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3))
+    return (4 + 3 * w) * 2.0 ** -24 * np.abs(ref) + 1e-37
+
+
+def test_gelu_accuracy(variant, emulated):
+    rng = np.random.default_rng(7)
+    n = 100_000 if emulated else 1_000_000
+    x = np.concatenate([rng.uniform(-12, 12, n), rng.standard_normal(n),
+                        np.linspace(-11, 11, n)]).astype(F32)
+    y = np.empty_like(x)
+    run(variant, "gelu", x, y, x.size)
+    ref = gelu64_stable(x)
+    tanh_ok = x >= -3                                # where picoGPT's tanh form is itself accurate
+    assert np.allclose(gelu64(x[tanh_ok]), ref[tanh_ok], rtol=1e-13, atol=1e-300)
+    err = np.abs(y - ref)
+    bad = err > gelu_bound(x, ref)
+    assert not bad.any(), f"gelu error bound broken at x = {x[bad][:5]}: {y[bad][:5]} vs {ref[bad][:5]}"
+    pos = (x >= 0) & (ref >= MIN_NORMAL)
+    u = ulp_error(y[pos], ref[pos])
+    assert u.max() <= 4.0, f"gelu x >= 0: {u.max():.2f} ulp"
+    near = (np.abs(x) <= 3) & (np.abs(ref) >= MIN_NORMAL)        # the range GPT-2 activations live in
+    assert ulp_error(y[near], ref[near]).max() <= 16.0
+
+
+def test_gelu_special_values(variant):
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, -20.0, -1e30, 20.0, 1e30, FLT_MAX, -FLT_MAX,
+                  1e-45, -1e-45, 1e-39, -2.5e-38], F32)
+    y = np.empty_like(x)
+    run(variant, "gelu", x, y, x.size)
+    assert y[0] == np.inf
+    assert np.isnan(y[1]) and np.isnan(y[2])                     # -inf: -inf / inf
+    assert same_bits(y[3:7], np.array([0.0, -0.0, -0.0, -0.0], F32))
+    assert same_bits(y[7:11], np.array([20.0, 1e30, FLT_MAX, -0.0], F32))
+    assert same_bits(y[11:], (x[11:] / F32(2)).astype(F32))      # e = 1 exactly: y = x / 2
+
+
+# --------------------------------------------------------------------------------------------------
+# softmax
+
+def softmax_inputs(rng, n: int):
+    yield "normal", (rng.standard_normal(n) * 4).astype(F32)
+    yield "logits", (rng.standard_normal(n) * 20 - 50).astype(F32)
+    yield "wide", rng.uniform(-200, 200, n).astype(F32)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_softmax_model(variant, n):
+    rng = np.random.default_rng(200 + n)
+    for kind, x in softmax_inputs(rng, n):
+        y = np.full(n, np.nan, F32)
+        run(variant, "softmax", x, y, n)
+        assert_model(y, softmax_c(x), f"softmax {kind} n={n}")
+        # accuracy against float64 (docs/kernels.md)
+        ref = softmax64(x)
+        m = float(np.max(x))
+        bound = ref * (np.abs(x - m) + -(-n // 16) + 10) * 2.0 ** -24 + 2.0 ** -147
+        assert np.all(np.abs(y - ref) <= bound), f"softmax {kind} n={n}: {np.max(np.abs(y - ref) / bound)}"
+        assert abs(float(np.sum(y, dtype=np.float64)) - 1) <= (n + 8) * 2.0 ** -23
+
+
+def test_softmax_inplace(variant):
+    x = (np.random.default_rng(3).standard_normal(1023) * 5).astype(F32)
+    exp = softmax_c(x)
+    run(variant, "softmax", x, x, x.size)
+    assert_model(x, exp, "softmax in place")
+
+
+@pytest.mark.parametrize("n", (1, 2, 17, 100, 1024, 50257))
+def test_softmax_special_values(variant, n):
+    rng = np.random.default_rng(n)
+
+    def sm(x):
+        y = np.full(n, np.nan, F32)
+        run(variant, "softmax", x, y, n)
+        return y
+    # one dominant value: exactly one-hot
+    k = int(rng.integers(0, n))
+    x = (rng.standard_normal(n)).astype(F32)
+    x[k] = 200
+    assert same_bits(sm(x), np.eye(1, n, k, dtype=F32)[0])
+    # all equal (any magnitude, +-0 mixed): exactly 1/n
+    for c in (0.0, -0.0, 3.5, -1e30, 1e30, -FLT_MAX, 1e-40):
+        x = np.full(n, c, F32)
+        if c == 0.0:
+            x[::2] = -0.0
+        assert same_bits(sm(x), np.full(n, F32(1) / F32(n), F32)), c
+    # very negative values: the max subtraction keeps it exact where exp(x - m) is
+    x = (rng.standard_normal(n) - 1e4).astype(F32)
+    ref = softmax64(x)
+    assert np.allclose(sm(x), ref, rtol=2e-3, atol=1e-30)
+    # -inf entries get probability +0.0 (unless all are -inf)
+    x = rng.standard_normal(n).astype(F32)
+    if n > 1:
+        x[::3] = -np.inf
+        y = sm(x)
+        assert same_bits(y[::3], np.zeros(y[::3].size, F32)) and np.allclose(y, softmax64(x), rtol=1e-5)
+    # all -inf, any NaN, any +inf: NaN everywhere (docs/kernels.md)
+    assert np.isnan(sm(np.full(n, -np.inf, F32))).all()
+    x = rng.standard_normal(n).astype(F32)
+    x[k] = np.nan
+    assert np.isnan(sm(x)).all()
+    x[k] = np.inf
+    assert np.isnan(sm(x)).all()
+    # denormal inputs: all exp(~0) = 1
+    x = (rng.standard_normal(n) * 1e-40).astype(F32)
+    assert same_bits(sm(x), softmax_c(x)) and np.allclose(sm(x), 1 / n, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# layernorm
+
+def ln_case(rng, n: int, mean=0.3, std=2.0):
+    x = (rng.standard_normal(n) * std + mean).astype(F32)
+    g = (1 + 0.2 * rng.standard_normal(n)).astype(F32)
+    b = (0.1 * rng.standard_normal(n)).astype(F32)
+    return x, g, b
+
+
+def ln(variant, x, g, b, y=None):
+    y = np.full(x.size, np.nan, F32) if y is None else y
+    run(variant, "layernorm", x, g, b, y, x.size)
+    return y
+
+
+def ln_bound(x, g, y_ref):
+    """docs/kernels.md: |y - ref| <= 2^-20 max|ref| + |g| rstd (n/16 + 5) 2^-24 mean|x|."""
+    xd = x.astype(np.float64)
+    rstd = 1 / np.sqrt(np.var(xd) + 1e-5)
+    return (2.0 ** -20 * np.max(np.abs(y_ref))
+            + np.abs(g) * rstd * (x.size / 16 + 5) * 2.0 ** -24 * np.mean(np.abs(xd)))
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_layernorm_model(variant, n):
+    rng = np.random.default_rng(300 + n)
+    for mean, std in ((0.3, 2.0), (50.0, 0.5), (0.0, 1e-3)):
+        x, g, b = ln_case(rng, n, mean, std)
+        y = ln(variant, x, g, b)
+        assert_model(y, layernorm_c(x, g, b), f"layernorm n={n} mean={mean} std={std}")
+        ref = layer_norm64(x, g, b)
+        err = np.abs(y - ref)
+        assert np.all(err <= ln_bound(x, g, ref)), f"n={n}: {err.max()}"
+        if n >= 16 and abs(mean) <= 2 * std:                     # well conditioned: 1e-5 of max|y|
+            assert err.max() <= 1e-5 * np.max(np.abs(ref)), err.max()
+
+
+def test_layernorm_inplace(variant):
+    x, g, b = ln_case(np.random.default_rng(1), 1600)
+    exp = layernorm_c(x, g, b)
+    ln(variant, x, g, b, y=x)
+    assert_model(x, exp, "layernorm in place")
+
+
+@pytest.mark.parametrize("n", (1, 2, 17, 768, 1600))
+def test_layernorm_special_values(variant, n):
+    rng = np.random.default_rng(n)
+    _, g, b = ln_case(rng, n)
+    # n = 1 or a constant vector with an exact mean: d = 0 exactly, so y = b exactly
+    for c in (0.0, -0.0, 1.0, -3.0, 2.0 ** 40, 2.0 ** -140):
+        x = np.full(n, c, F32)                      # n*c and every partial sum are exact here
+        assert same_bits(ln(variant, x, g, b), b), c
+    # constant vector whose mean rounds: y = b + (c - mean) rstd g, with |c - mean| a few ulp of c
+    for c in (0.1, -7.3, 1234.567):
+        x = np.full(n, c, F32)
+        y = ln(variant, x, g, b)
+        assert_model(y, layernorm_c(x, g, b), f"constant {c}")
+        assert np.all(np.abs(y - b) <= np.abs(g) * 317 * abs(c) * (n / 16 + 5) * 2.0 ** -24)
+    # huge and tiny magnitudes, denormals, -0.0
+    for scale in (1e15, 1e-20, 1e-41):
+        x = (rng.standard_normal(n) * scale).astype(F32)
+        x[::5] = -0.0
+        y = ln(variant, x, g, b)
+        assert_model(y, layernorm_c(x, g, b), f"scale {scale}")
+        ref = layer_norm64(x, g, b)
+        assert np.all(np.abs(y - ref) <= ln_bound(x, g, ref) + 1e-6 * np.abs(ref)), scale
+    # sum((x - mean)^2) overflows: var = inf, rstd = 0, y = b exactly (docs/kernels.md)
+    if n > 1:
+        x = (rng.standard_normal(n) * 1e20).astype(F32)
+        assert same_bits(ln(variant, x, g, b), b)
+    # NaN or +-inf anywhere: NaN everywhere
+    for bad in (np.nan, np.inf, -np.inf):
+        x = rng.standard_normal(n).astype(F32)
+        x[n // 2] = bad
+        assert np.isnan(ln(variant, x, g, b)).all(), bad
+
+
+def test_layernorm_order_witness(variant):
+    """An input whose sum depends on the order of the adds: 2^24 and then ones (each one added to
+    2^24 alone is absorbed, ties to even).  The contract's 16 lanes give 2^24 + 44; exact is 2^24 + 46,
+    8 lanes give 2^24 + 40, a sequential sum 2^24, numpy's pairwise sum 2^24 + 36."""
+    n = 47
+    x = np.ones(n, F32)
+    x[0] = 2.0 ** 24
+    g = np.ones(n, F32)
+    b = np.zeros(n, F32)
+    y = ln(variant, x, g, b)
+    assert_model(y, layernorm_c(x, g, b), "order witness")
+    assert hsum16(x) == 2.0 ** 24 + 44
+    lanes8 = np.cumsum(np.vstack([np.zeros((1, 8), F32), lanes16(x, 0).reshape(-1, 8)]), axis=0, dtype=F32)
+    alternatives = {tree16(lanes8[-1].tolist() + [0] * 8, add32), np.sum(x, dtype=F32),
+                    F32(2.0 ** 24)}                  # 8 lanes, pairwise, sequential
+    assert hsum16(x) not in alternatives
+
+
+# --------------------------------------------------------------------------------------------------
+# attention
+
+def attn_case(rng, n_head: int, n_ctx: int, n_pos: int, qscale=0.5):
+    q = (rng.standard_normal(n_head * HEAD) * qscale).astype(F32)
+    k = rng.standard_normal((n_head, n_ctx, HEAD)).astype(F32)
+    v = rng.standard_normal((n_head, n_ctx, HEAD)).astype(F32)
+    k[:, n_pos:] = np.nan                            # cache rows past n_pos must not matter
+    v[:, n_pos:] = np.nan
+    return q, k, v
+
+
+OUT_FILL = bits_f32(0x7FC0DEAD)
+
+
+def attn(variant, q, k, v, n_pos, hb, he, scratch_len=None):
+    n_head, n_ctx = k.shape[:2]
+    out = np.full(n_head * HEAD, OUT_FILL, F32)
+    scratch = np.full(scratch_len or -(-n_pos // 16) * 16, OUT_FILL, F32)
+    run(variant, "attention", q, k, v, out, scratch, n_pos, n_ctx * HEAD, hb, he)
+    untouched = np.ones(n_head * HEAD, bool)
+    untouched[hb * HEAD:he * HEAD] = False
+    assert same_bits(out[untouched], np.full(untouched.sum(), OUT_FILL, F32)), "wrote other heads"
+    return out[hb * HEAD:he * HEAD]
+
+
+def attn_bound(q, k, v, n_pos, hb, he):
+    """docs/kernels.md: |o - ref| <= 2^-20 (n_pos + 64 + max|s|) max|v|, per head."""
+    out = []
+    for h in range(hb, he):
+        s = k[h, :n_pos].astype(np.float64) @ q[h * HEAD:(h + 1) * HEAD].astype(np.float64) / 8
+        vmax = np.max(np.abs(v[h, :n_pos]))
+        out.append(np.full(HEAD, 2.0 ** -20 * (n_pos + 64 + np.max(np.abs(s))) * vmax))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+ATTN_CASES = [(n_pos, hr) for n_pos in NPOS for hr in ((0, 12), (3, 7), (11, 12), (5, 5))
+              if not (n_pos == 1024 and hr == (0, 12))] + [(1024, (0, 12))]
+
+
+@pytest.mark.parametrize("n_pos,heads", ATTN_CASES)
+def test_attention_model(variant, n_pos, heads):
+    hb, he = heads
+    rng = np.random.default_rng(n_pos * 100 + hb)
+    n_ctx = n_pos + int(rng.integers(0, 20))
+    q, k, v = attn_case(rng, 12, n_ctx, n_pos)
+    got = attn(variant, q, k, v, n_pos, hb, he)
+    assert_model(got, attention_c(q, k, v, n_pos, hb, he), f"attention n_pos={n_pos} heads={heads}")
+    ref = attention64(q, k, v, n_pos, hb, he)
+    assert np.all(np.abs(got - ref) <= attn_bound(q, k, v, n_pos, hb, he))
+
+
+def test_attention_sharp_and_flat(variant):
+    """Sharp scores (one key dominates: the output is exactly its value row), flat scores (q = 0: the
+    output is the mean of the values) and large scores."""
+    rng = np.random.default_rng(11)
+    n_pos, n_ctx = 37, 40
+    q, k, v = attn_case(rng, 4, n_ctx, n_pos)
+    q[:] = 0
+    got = attn(variant, q, k, v, n_pos, 0, 4)
+    assert_model(got, attention_c(q, k, v, n_pos, 0, 4), "q = 0")
+    assert np.allclose(got, v[:, :n_pos].mean(axis=1).reshape(-1), rtol=1e-5, atol=1e-6)
+    q = (rng.standard_normal(4 * HEAD)).astype(F32)
+    for h in range(4):                               # key t_h aligned with q_h and scaled up
+        t = (7 * h + 3) % n_pos
+        k[h, t] = q[h * HEAD:(h + 1) * HEAD] * F32(100)
+    got = attn(variant, q, k, v, n_pos, 0, 4)
+    assert_model(got, attention_c(q, k, v, n_pos, 0, 4), "sharp")
+    for h in range(4):
+        assert same_bits(got[h * HEAD:(h + 1) * HEAD], v[h, (7 * h + 3) % n_pos]), h
+    q *= F32(30)                                     # scores in the thousands
+    got = attn(variant, q, k, v, n_pos, 0, 4)
+    assert_model(got, attention_c(q, k, v, n_pos, 0, 4), "large scores")
+
+
+def test_attention_order_witness(variant):
+    """dot64 lane order: two keys whose dot products with q = 1 are both 2^24 + 4 in exact
+    arithmetic but differ in the contract's 16-lane order; the softmax of the two scores shows it."""
+    q = np.ones(HEAD, F32)
+    k = np.zeros((1, 2, HEAD), F32)
+    v = np.zeros((1, 2, HEAD), F32)
+    k[0, 0, [0, 16, 32, 48]] = [2.0 ** 24, 1, 1, 2]  # one lane, c = 0..3: 2^24, 2^24, 2^24, 2^24 + 2
+    k[0, 1, [0, 1, 2, 3]] = [2.0 ** 24, 1, 1, 2]     # four lanes; tree: (2^24 + 1) + (1 + 2) -> 2^24 + 4
+    v[0, 0] = 1.0
+    v[0, 1] = -1.0
+    got = attn(variant, q, k, v, 2, 0, 1)
+    exp = attention_c(q, k, v, 2, 0, 1)
+    assert_model(got, exp, "order witness")
+    s = dot64_rows(q, k[0]) * F32(0.125)
+    assert s[0] == 2.0 ** 21 + 0.25 and s[1] == 2.0 ** 21 + 0.5    # the contract's order, evaluated
+    p1 = 1 / (1 + math.exp(-0.25))
+    assert np.allclose(got, 1 - 2 * p1, rtol=1e-6)  # equal scores would give 0
+
+
+def test_attention_scratch_is_exactly_roundup16(variant):
+    """scratch of exactly roundup16(n_pos) floats (the guards check nothing is written past it) and
+    n_ctx = n_pos (the cache ends right after the last row read)."""
+    rng = np.random.default_rng(5)
+    for n_pos in (1, 3, 5, 15, 16, 17, 33, 47, 63, 64, 65):
+        q, k, v = attn_case(rng, 2, n_pos, n_pos)
+        got = attn(variant, q, k, v, n_pos, 1, 2)
+        assert_model(got, attention_c(q, k, v, n_pos, 1, 2), f"n_pos={n_pos}")
+
+
+# --------------------------------------------------------------------------------------------------
+# over-read: every buffer against a PROT_NONE page (natively, in a forked child)
+
+_PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+class PageFenced:
+    """An anonymous mapping with PROT_NONE pages around a payload that ends exactly at (or starts
+    exactly at) a page boundary."""
+
+    def __init__(self, a: np.ndarray, at_end: bool):
+        nbytes = a.nbytes
+        npages = -(-(nbytes + 64) // _PAGE) + 2
+        self.map = mmap.mmap(-1, npages * _PAGE)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.off = (npages - 1) * _PAGE - nbytes if at_end else _PAGE
+        assert _libc.mprotect(self.base, _PAGE, 0) == 0
+        assert _libc.mprotect(self.base + (npages - 1) * _PAGE, _PAGE, 0) == 0
+        self.addr = self.base + self.off
+        self.nbytes = nbytes
+        self.map[self.off:self.off + nbytes] = np.ascontiguousarray(a).tobytes()
+
+    def get(self) -> np.ndarray:
+        return np.frombuffer(self.map[self.off:self.off + self.nbytes], F32).copy()
+
+
+def test_page_guards_overread():
+    """Natively, in a forked child: every kernel and native variant with every buffer butting against
+    a PROT_NONE page on one side, then the other.  Any over-read or over-write faults."""
+    lib = load_lib()
+    have = sorted(native_isas())
+    if not have:
+        pytest.skip("no variant runs natively")
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    rng = np.random.default_rng(9)
+    jobs = []
+    for n in (1, 3, 15, 16, 17, 31, 33, 100):
+        x = rng.standard_normal(n).astype(F32)
+        g, b = ln_case(rng, n)[1:]
+        jobs.append(("expf", (x, np.zeros(n, F32), n), 1, expf_c(x)))
+        jobs.append(("gelu", (x, np.zeros(n, F32), n), 1, gelu_c(x)))
+        jobs.append(("softmax", (x, np.zeros(n, F32), n), 1, softmax_c(x)))
+        jobs.append(("layernorm", (x, g, b, np.zeros(n, F32), n), 3, layernorm_c(x, g, b)))
+    for n_pos in (1, 2, 5, 16, 17, 31):
+        q, k, v = attn_case(rng, 3, n_pos, n_pos)     # n_ctx = n_pos: the last head ends the cache
+        args = (q, k, v, np.zeros(3 * HEAD, F32), np.zeros(-(-n_pos // 16) * 16, F32),
+                n_pos, n_pos * HEAD, 0, 3)
+        jobs.append(("attention", args, 3, attention_c(q, k, v, n_pos, 0, 3)))
+    pid = os.fork()
+    if pid == 0:                                     # child: run, compare, exit with a code
+        code = 0
+        try:
+            for isa in have:
+                for op, args, out_i, exp in jobs:
+                    for at_end in (True, False):
+                        fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
+                        getattr(lib, f"gpt2asm_{op}_f32_{isa}")(
+                            *[f if isinstance(f, int) else f.addr for f in fenced])
+                        if not model_equal(fenced[out_i].get(), exp).all():
+                            code = 3
+        except Exception:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
+                    "it read or wrote outside its buffers")
+    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+
+def test_cross_variant_bits():
+    """AVX2 and AVX-512 (native or emulated) on the same awkward inputs give identical bits, NaN
+    payloads included (run() compares every non-AVX2 call with AVX2 as well)."""
+    isas = [i for i in ISAS if i in native_isas() or (i == "avx512" and emulator()[0] is not None)]
+    if len(isas) < 2:
+        pytest.skip(f"only {isas} can run here")
+    rng = np.random.default_rng(77)
+    for n in (5, 16, 47, 1000):
+        x = mixed(rng, n)
+        x[::9] = nan_payloads(x[::9].size, rng)
+        g, b = rng.standard_normal(n).astype(F32), rng.standard_normal(n).astype(F32)
+        outs = {}
+        for isa in isas:
+            r = runner(isa)
+            res = []
+            for op in ("expf", "gelu", "softmax"):
+                y = np.empty(n, F32)
+                r(op, x, y, n)
+                res.append(y)
+            y = np.empty(n, F32)
+            r("layernorm", x, g, b, y, n)
+            res.append(y)
+            outs[isa] = res
+        for a, b_ in zip(outs[isas[0]], outs[isas[1]]):
+            assert same_bits(a, b_)
+
+
+# --------------------------------------------------------------------------------------------------
+# benchmark: python tests/test_kernels_ops.py --bench
+
+def bench(min_time: float = 0.3) -> None:
+    lib = load_lib()
+    have = native_isas()
+    rng = np.random.default_rng(0)
+
+    def timeit(fn, args) -> float:
+        fn(*args)
+        reps = 1
+        while True:
+            t0 = time.perf_counter_ns()
+            for _ in range(reps):
+                fn(*args)
+            dt = time.perf_counter_ns() - t0
+            if dt > min_time * 1e9 / 5:
+                break
+            reps *= 4
+        best = dt / reps
+        for _ in range(4):
+            t0 = time.perf_counter_ns()
+            for _ in range(reps):
+                fn(*args)
+            best = min(best, (time.perf_counter_ns() - t0) / reps)
+        return best
+
+    keep = []
+
+    def buf(a):
+        keep.append(a)
+        return a.ctypes.data
+
+    def elem(n):
+        return buf((rng.standard_normal(n) * 3).astype(F32))
+    cases = []
+    for n in (768, 1600):
+        cases.append(("layernorm", f"n={n}", (elem(n), elem(n), elem(n), elem(n), n), n))
+    for n in (3072, 6400):
+        cases.append(("gelu", f"n={n}", (elem(n), elem(n), n), n))
+    cases.append(("expf", "n=3072", (elem(3072), elem(3072), 3072), 3072))
+    for n in (1024, 50257):
+        cases.append(("softmax", f"n={n}", (elem(n), elem(n), n), n))
+    n_ctx = 1024
+    k = buf(rng.standard_normal((12, n_ctx, HEAD)).astype(F32))
+    v = buf(rng.standard_normal((12, n_ctx, HEAD)).astype(F32))
+    for n_pos in (200, 800):
+        args = (elem(12 * HEAD), k, v, elem(12 * HEAD), elem(n_ctx), n_pos, n_ctx * HEAD, 0, 12)
+        cases.append(("attention", f"n_pos={n_pos} 12 heads", args, 12 * n_pos))
+    empty = timeit(lib.gpt2asm_expf_f32_avx2, (elem(16), elem(16), 0)) if "avx2" in have else 0.0
+    print(f"ctypes call overhead (expf with n = 0): {empty:.0f} ns (included below)")
+    print(f"{'kernel':12s} {'size':22s}" + "".join(f"{isa + ' ns/call':>18s}{'ns/elem':>9s}" for isa in ISAS))
+    for op, desc, args, units in cases:
+        line = f"{op:12s} {desc:22s}"
+        for isa in ISAS:
+            if isa not in have:
+                line += f"{'(not on this CPU)':>27s}"
+                continue
+            ns = timeit(getattr(lib, f"gpt2asm_{op}_f32_{isa}"), args)
+            line += f"{ns:18.0f}{(ns - empty) / units:9.3f}"
+        print(line)
+    print("(attention ns/elem = per head and position; AVX-512 is only benchmarked on a CPU that has it)")
+
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv[1:]:
+        bench()
+    else:
+        sys.exit(pytest.main([__file__, "-q"] + sys.argv[1:]))
