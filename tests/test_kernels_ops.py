@@ -17,7 +17,8 @@ checked against
     varying misalignment (also odd byte offsets), inputs must stay unchanged, and a forked child runs
     every kernel with every buffer ending (or starting) at a PROT_NONE page, so a single byte of
     over-read faults; under emulation the emulator page-guards and canaries every array itself
-    (inputs mapped read-only).
+    (inputs mapped read-only), and in its raw-pointer mode the AVX-512 kernels also run on the native
+    harness's misaligned canary-guarded buffers and on PROT_NONE-fenced ones (an access is a CpuFault).
 
 Run:  pytest tests/test_kernels_ops.py
       python tests/test_kernels_ops.py --bench        (ns per call at GPT-2 sizes, native variants)
@@ -45,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ISAS = ("avx2", "avx512")
 GUARD = 4096                                     # canary bytes before and after every native buffer
-LENGTHS = (1, 2, 7, 15, 16, 17, 31, 33, 100, 768, 1023, 1600, 3072, 50257)
+LENGTHS = (1, 2, 7, 8, 9, 15, 16, 17, 24, 25, 31, 33, 100, 768, 1023, 1600, 3072, 50257)
 NPOS = (1, 2, 15, 16, 17, 100, 1024)
 HEAD = 64
 F32 = np.float32
@@ -202,7 +203,7 @@ class Native:
             if g is None:
                 g = placed[id(a)] = Guarded(a, next(self._mis), next(self._seed))
             cargs.append(g.addr)
-        getattr(self.lib, f"gpt2asm_{op}_f32_{self.isa}")(*cargs)
+        self._invoke(f"gpt2asm_{op}_f32_{self.isa}", cargs)
         for k, a in zip(sig, args):
             if k == "n":
                 continue
@@ -212,6 +213,23 @@ class Native:
                 a.reshape(-1).view(np.uint8)[:] = g.payload()
             else:
                 assert np.array_equal(g.payload(), g.orig), f"{op}_{self.isa} wrote into an input"
+
+
+    def _invoke(self, symbol: str, cargs: list[int]) -> None:
+        getattr(self.lib, symbol)(*cargs)
+
+
+class EmulatedRaw(Native):
+    """The emulated CPU in raw-pointer mode (guest VA == host VA): the same canary-guarded, misaligned
+    host buffers as Native, read and written in place by the emulated kernel."""
+
+    def __init__(self, emu, isa: str):
+        super().__init__(isa)
+        self.emu = emu
+        self.name = f"{isa} (emulated, raw pointers)"
+
+    def _invoke(self, symbol: str, cargs: list[int]) -> None:
+        self.emu.call_raw(symbol, *cargs, ret=None)
 
 
 class Emulated:
@@ -580,6 +598,7 @@ def test_expf_model(variant, n):
     y = np.full(n, np.nan, F32)
     run(variant, "expf", x, y, n)
     assert_model(y, expf_c(x), f"expf n={n}")
+    check_expf_accuracy(x, y, f"expf n={n}")
 
 
 def test_expf_inplace_and_nan_payloads(variant):
@@ -596,9 +615,6 @@ def test_expf_inplace_and_nan_payloads(variant):
     assert same_bits(y[nan], (x[nan].view(np.uint32) | np.uint32(1 << 22)).view(F32))
 
 
-EXPF_STATS: dict[str, float] = {}
-
-
 def float_range(lo: float, hi: float) -> np.ndarray:
     """Every binary32 in [lo, hi] (same sign)."""
     a, b = sorted(int(np.array([v], F32).view(np.uint32)[0]) for v in (lo, hi))
@@ -606,7 +622,8 @@ def float_range(lo: float, hi: float) -> np.ndarray:
 
 
 def check_expf_accuracy(x, y, where: str) -> float:
-    ref = np.exp(x.astype(np.float64))
+    with np.errstate(over="ignore"):
+        ref = np.exp(x.astype(np.float64))
     normal = (ref >= MIN_NORMAL) & (ref <= FLT_MAX)
     u = ulp_error(y[normal], ref[normal])
     worst = float(u.max()) if u.size else 0.0
@@ -622,8 +639,9 @@ def check_expf_accuracy(x, y, where: str) -> float:
 
 
 def test_expf_accuracy(variant, emulated):
-    """<= 2 ulp against float64 exp on a dense sweep of [-104, 89] (2M evenly spaced points natively)
-    plus every binary32 of several subranges: the overflow and underflow ends and two full binades."""
+    """<= 2 ulp against float64 exp on a dense sweep of [-104, 89] (2M evenly spaced points) plus every
+    binary32 of several subranges: the overflow and underflow ends, and natively two full binades and
+    2M random points (under emulation a small slice instead)."""
     sweeps = {"dense": np.linspace(-104, 89, 2_000_000).astype(F32)}
     if emulated:                                     # ~5 M emulated instructions per second
         sweeps.update(top=float_range(80.0, 89.0), bottom=float_range(-104.0, -86.0),
@@ -639,7 +657,6 @@ def test_expf_accuracy(variant, emulated):
         worst = max(worst, check_expf_accuracy(x, y, f"expf {where}"))
         if not emulated and where in ("dense", "top", "bottom"):
             assert_model(y, expf_c(x), f"expf {where}")
-    EXPF_STATS[variant.name] = worst
     print(f"\nexpf {variant.name}: max error {worst:.4f} ulp over the sweeps")
 
 
@@ -683,6 +700,9 @@ def test_gelu_model(variant, n):
     y = np.full(n, np.nan, F32)
     run(variant, "gelu", x, y, n)
     assert_model(y, gelu_c(x), f"gelu n={n}")
+    fin = np.isfinite(x)
+    ref = gelu64_stable(x[fin])
+    assert np.all(np.abs(y[fin] - ref) <= gelu_bound(x[fin], ref)), f"gelu n={n} vs float64"
 
 
 def gelu_bound(x, ref):
@@ -928,8 +948,7 @@ def attn_bound(q, k, v, n_pos, hb, he):
     return np.concatenate(out) if out else np.zeros(0)
 
 
-ATTN_CASES = [(n_pos, hr) for n_pos in NPOS for hr in ((0, 12), (3, 7), (11, 12), (5, 5))
-              if not (n_pos == 1024 and hr == (0, 12))] + [(1024, (0, 12))]
+ATTN_CASES = [(n_pos, hr) for n_pos in NPOS for hr in ((0, 12), (3, 7), (11, 12), (5, 5))]
 
 
 @pytest.mark.parametrize("n_pos,heads", ATTN_CASES)
@@ -1033,20 +1052,7 @@ def test_page_guards_overread():
         pytest.skip("no variant runs natively")
     if not hasattr(os, "fork"):
         pytest.skip("needs fork")
-    rng = np.random.default_rng(9)
-    jobs = []
-    for n in (1, 3, 15, 16, 17, 31, 33, 100):
-        x = rng.standard_normal(n).astype(F32)
-        g, b = ln_case(rng, n)[1:]
-        jobs.append(("expf", (x, np.zeros(n, F32), n), 1, expf_c(x)))
-        jobs.append(("gelu", (x, np.zeros(n, F32), n), 1, gelu_c(x)))
-        jobs.append(("softmax", (x, np.zeros(n, F32), n), 1, softmax_c(x)))
-        jobs.append(("layernorm", (x, g, b, np.zeros(n, F32), n), 3, layernorm_c(x, g, b)))
-    for n_pos in (1, 2, 5, 16, 17, 31):
-        q, k, v = attn_case(rng, 3, n_pos, n_pos)     # n_ctx = n_pos: the last head ends the cache
-        args = (q, k, v, np.zeros(3 * HEAD, F32), np.zeros(-(-n_pos // 16) * 16, F32),
-                n_pos, n_pos * HEAD, 0, 3)
-        jobs.append(("attention", args, 3, attention_c(q, k, v, n_pos, 0, 3)))
+    jobs = fence_jobs(np.random.default_rng(9))
     pid = os.fork()
     if pid == 0:                                     # child: run, compare, exit with a code
         code = 0
@@ -1067,6 +1073,73 @@ def test_page_guards_overread():
         pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
                     "it read or wrote outside its buffers")
     assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+
+def fence_jobs(rng):
+    """(op, args, index of the output, contract result) for the page-fence tests."""
+    jobs = []
+    for n in (1, 3, 8, 9, 15, 16, 17, 24, 25, 31, 33, 100):
+        x = rng.standard_normal(n).astype(F32)
+        g, b = ln_case(rng, n)[1:]
+        jobs.append(("expf", (x, np.zeros(n, F32), n), 1, expf_c(x)))
+        jobs.append(("gelu", (x, np.zeros(n, F32), n), 1, gelu_c(x)))
+        jobs.append(("softmax", (x, np.zeros(n, F32), n), 1, softmax_c(x)))
+        jobs.append(("layernorm", (x, g, b, np.zeros(n, F32), n), 3, layernorm_c(x, g, b)))
+    for n_pos in (1, 2, 5, 16, 17, 31):
+        q, k, v = attn_case(rng, 3, n_pos, n_pos)     # n_ctx = n_pos: the last head ends the cache
+        args = (q, k, v, np.zeros(3 * HEAD, F32), np.zeros(-(-n_pos // 16) * 16, F32),
+                n_pos, n_pos * HEAD, 0, 3)
+        jobs.append(("attention", args, 3, attention_c(q, k, v, n_pos, 0, 3)))
+    return jobs
+
+
+def emulator_raw():
+    emu, why = emulator()
+    if emu is None:
+        pytest.skip(f"no emulator: {why}")
+    if not hasattr(emu, "call_raw"):
+        pytest.skip("tests/avx512emu.py has no raw-pointer mode (call_raw)")
+    return emu
+
+
+def test_emulated_page_guards_overread():
+    """The AVX-512 variants on the emulated CPU in raw-pointer mode, every buffer butting against a
+    PROT_NONE host page on one side, then the other: an access to it is a CpuFault."""
+    emu = emulator_raw()
+    for op, args, out_i, exp in fence_jobs(np.random.default_rng(10)):
+        for at_end in (True, False):
+            fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
+            emu.call_raw(f"gpt2asm_{op}_f32_avx512", *[f if isinstance(f, int) else f.addr for f in fenced],
+                         ret=None)
+            assert_model(fenced[out_i].get(), exp, f"{op} fenced at_end={at_end}")
+
+
+def test_emulated_raw_misaligned():
+    """The AVX-512 variants on the emulated CPU with the native harness's buffers: 4 KiB canaries on
+    both sides, misaligned (odd byte offsets too), inputs checked unchanged, in place too."""
+    r = EmulatedRaw(emulator_raw(), "avx512")
+    rng = np.random.default_rng(12)
+    for n in (1, 7, 8, 9, 16, 17, 33, 100, 1023):
+        x = mixed(rng, n)
+        for op, model in (("expf", expf_c), ("gelu", gelu_c)):
+            y = np.empty(n, F32)
+            run(r, op, x, y, n)
+            assert_model(y, model(x), f"{op} n={n}")
+        x = (rng.standard_normal(n) * 5).astype(F32)
+        y = np.empty(n, F32)
+        run(r, "softmax", x, y, n)
+        assert_model(y, softmax_c(x), f"softmax n={n}")
+        y = x.copy()
+        run(r, "softmax", y, y, n)
+        assert_model(y, softmax_c(x), f"softmax in place n={n}")
+        x, g, b = ln_case(rng, n)
+        y = np.empty(n, F32)
+        run(r, "layernorm", x, g, b, y, n)
+        assert_model(y, layernorm_c(x, g, b), f"layernorm n={n}")
+    for n_pos in (1, 17, 100):
+        q, k, v = attn_case(rng, 4, n_pos + 1, n_pos)
+        got = attn(r, q, k, v, n_pos, 1, 4)
+        assert_model(got, attention_c(q, k, v, n_pos, 1, 4), f"attention n_pos={n_pos}")
 
 
 def test_cross_variant_bits():
@@ -1105,6 +1178,7 @@ def bench(min_time: float = 0.3) -> None:
     rng = np.random.default_rng(0)
 
     def timeit(fn, args) -> float:
+        """Best of 8 timed loops of >= min_time/8 each (a shared machine: the minimum is the signal)."""
         fn(*args)
         reps = 1
         while True:
@@ -1112,11 +1186,11 @@ def bench(min_time: float = 0.3) -> None:
             for _ in range(reps):
                 fn(*args)
             dt = time.perf_counter_ns() - t0
-            if dt > min_time * 1e9 / 5:
+            if dt > min_time * 1e9 / 8:
                 break
             reps *= 4
         best = dt / reps
-        for _ in range(4):
+        for _ in range(7):
             t0 = time.perf_counter_ns()
             for _ in range(reps):
                 fn(*args)
@@ -1145,8 +1219,12 @@ def bench(min_time: float = 0.3) -> None:
     for n_pos in (200, 800):
         args = (elem(12 * HEAD), k, v, elem(12 * HEAD), elem(n_ctx), n_pos, n_ctx * HEAD, 0, 12)
         cases.append(("attention", f"n_pos={n_pos} 12 heads", args, 12 * n_pos))
-    empty = timeit(lib.gpt2asm_expf_f32_avx2, (elem(16), elem(16), 0)) if "avx2" in have else 0.0
-    print(f"ctypes call overhead (expf with n = 0): {empty:.0f} ns (included below)")
+    empty = 0.0
+    if "avx2" in have:
+        nop = (lib.gpt2asm_expf_f32_avx2, (elem(16), elem(16), 0))
+        empty = min(timeit(*nop) for _ in range(3))
+    print(f"ctypes call overhead (expf with n = 0): {empty:.0f} ns: included in ns/call, subtracted "
+          "for ns/elem")
     print(f"{'kernel':12s} {'size':22s}" + "".join(f"{isa + ' ns/call':>18s}{'ns/elem':>9s}" for isa in ISAS))
     for op, desc, args, units in cases:
         line = f"{op:12s} {desc:22s}"
@@ -1155,9 +1233,16 @@ def bench(min_time: float = 0.3) -> None:
                 line += f"{'(not on this CPU)':>27s}"
                 continue
             ns = timeit(getattr(lib, f"gpt2asm_{op}_f32_{isa}"), args)
-            line += f"{ns:18.0f}{(ns - empty) / units:9.3f}"
+            line += f"{ns:18.0f}{max(ns - empty, 0) / units:9.3f}"
         print(line)
     print("(attention ns/elem = per head and position; AVX-512 is only benchmarked on a CPU that has it)")
+    for isa in sorted(have):
+        x = np.concatenate([np.linspace(-104, 89, 4_000_000).astype(F32), float_range(80.0, 89.0),
+                            float_range(-104.0, -86.0), float_range(0.25, 1.0), float_range(-1.0, -0.25)])
+        y = np.empty_like(x)
+        getattr(lib, f"gpt2asm_expf_f32_{isa}")(x.ctypes.data, y.ctypes.data, x.size)
+        print(f"expf_{isa} accuracy: max {check_expf_accuracy(x, y, isa):.4f} ulp over {x.size} points "
+              f"(dense sweep of [-104, 89] and every binary32 of 4 subranges)")
 
 
 if __name__ == "__main__":

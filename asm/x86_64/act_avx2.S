@@ -40,11 +40,11 @@ function gpt2asm_expf_f32_avx2
         subq        %r8, %rcx
         tail_masks_avx2 12, 13, %rcx, %r11
         vmaskmovps    (%rdi,%rax,4), %ymm12, %ymm0
-        vmaskmovps  32(%rdi,%rax,4), %ymm13, %ymm1
+        tail_load_hi %rcx, 13, 1, 32(%rdi,%rax,4)
         expf_c_avx2 2, 0, 0, 3, 4, 5, 14, 15, %r11
         expf_c_avx2 6, 1, 1, 7, 8, 9, 14, 15, %r11
         vmaskmovps  %ymm2, %ymm12,   (%rsi,%rax,4)
-        vmaskmovps  %ymm6, %ymm13, 32(%rsi,%rax,4)
+        tail_store_hi %rcx, 6, 13, 32(%rsi,%rax,4)
 3:
         vzeroupper
         ret
@@ -99,11 +99,11 @@ function gpt2asm_gelu_f32_avx2
         subq        %r8, %rcx
         tail_masks_avx2 12, 13, %rcx, %r11
         vmaskmovps    (%rdi,%rax,4), %ymm12, %ymm0
-        vmaskmovps  32(%rdi,%rax,4), %ymm13, %ymm6
+        tail_load_hi %rcx, 13, 6, 32(%rdi,%rax,4)
         gelu_avx2   5,  0, 1, 2, 3,  4,  5
         gelu_avx2   11, 6, 7, 8, 9, 10, 11
         vmaskmovps  %ymm5,  %ymm12,   (%rsi,%rax,4)
-        vmaskmovps  %ymm11, %ymm13, 32(%rsi,%rax,4)
+        tail_store_hi %rcx, 11, 13, 32(%rsi,%rax,4)
 3:
         vzeroupper
         ret

@@ -72,13 +72,35 @@ endconst
 
 /*
  * tail_masks_avx2 lo, hi, r, base
- *   ymm\lo, ymm\hi = lane masks of a 16-lane tail of r (0..16, a GPR, clobbered: negated) elements:
- *   lane j of (lo:hi) is all-ones iff j < r.   mask lane j = table[16 - r + j].
+ *   ymm\lo, ymm\hi = lane masks of a 16-lane tail of r (0..16, a GPR) elements: lane j of (lo:hi) is
+ *   all-ones iff j < r (mask lane j = table[16 - r + j]).  Leaves \r = -r, as the two macros below
+ *   expect it.
+ *
+ * tail_load_hi r, mask, dst, mem / tail_store_hi r, src, mask, mem
+ *   vmaskmovps of lanes 8-15 of such a tail, skipped (no memory access at all; a load gives +0.0)
+ *   when r <= 8: those 32 bytes then lie wholly past the end of the array, and AMD documents the
+ *   fault behaviour of masked-off vmaskmovps elements as implementation dependent.  Lanes 0-7 always
+ *   contain at least one element of the array.  Local label 79.
  */
         .macro  tail_masks_avx2 lo, hi, r, base
         negq        \r
         vmovdqu     KV_MASK+64(\base,\r,4), %ymm\lo
         vmovdqu     KV_MASK+96(\base,\r,4), %ymm\hi
+        .endm
+
+        .macro  tail_load_hi r, mask, dst, mem:vararg
+        vxorps      %ymm\dst, %ymm\dst, %ymm\dst
+        cmpq        $-8, \r
+        jge         79f
+        vmaskmovps  \mem, %ymm\mask, %ymm\dst
+79:
+        .endm
+
+        .macro  tail_store_hi r, src, mask, mem:vararg
+        cmpq        $-8, \r
+        jge         79f
+        vmaskmovps  %ymm\src, %ymm\mask, \mem
+79:
         .endm
 
 /*
@@ -183,7 +205,7 @@ endconst
         tail_masks_avx2 14, 15, \t, \base
         vmovaps     KV_NINF(\base), %ymm4
         vmaskmovps    (\x,\i,4), %ymm14, %ymm2
-        vmaskmovps  32(\x,\i,4), %ymm15, %ymm3
+        tail_load_hi \t, 15, 3, 32(\x,\i,4)
         vblendvps   %ymm14, %ymm2, %ymm4, %ymm2     // lanes past the end: -inf
         vblendvps   %ymm15, %ymm3, %ymm4, %ymm3
         vmaxps      %ymm0, %ymm2, %ymm0
@@ -220,13 +242,13 @@ endconst
         subq        \n16, \t
         tail_masks_avx2 14, 15, \t, \base
         vmaskmovps    (\x,\i,4), %ymm14, %ymm2
-        vmaskmovps  32(\x,\i,4), %ymm15, %ymm3
+        tail_load_hi \t, 15, 3, 32(\x,\i,4)
         vsubps      %ymm13, %ymm2, %ymm2
         vsubps      %ymm13, %ymm3, %ymm3
         expf_c_avx2 4, 2, 2, 5, 6, 7, 11, 12, \base
         expf_c_avx2 8, 3, 3, 9, 10, 13, 11, 12, \base
         vmaskmovps  %ymm4, %ymm14,   (\y,\i,4)
-        vmaskmovps  %ymm8, %ymm15, 32(\y,\i,4)
+        tail_store_hi \t, 8, 15, 32(\y,\i,4)
         vandps      %ymm14, %ymm4, %ymm4            // lanes past the end add +0.0
         vandps      %ymm15, %ymm8, %ymm8
         vaddps      %ymm4, %ymm0, %ymm0
@@ -252,11 +274,11 @@ endconst
         cmpq        \n, \n16
         je          88f
         vmaskmovps    (\y,\i,4), %ymm14, %ymm2
-        vmaskmovps  32(\y,\i,4), %ymm15, %ymm3
+        tail_load_hi \t, 15, 3, 32(\y,\i,4)
         vdivps      %ymm13, %ymm2, %ymm2
         vdivps      %ymm13, %ymm3, %ymm3
         vmaskmovps  %ymm2, %ymm14,   (\y,\i,4)
-        vmaskmovps  %ymm3, %ymm15, 32(\y,\i,4)
+        tail_store_hi \t, 3, 15, 32(\y,\i,4)
 88:
         .endm
 

@@ -40,7 +40,7 @@ function gpt2asm_layernorm_f32_avx2
         cmpq        %r8, %r9
         je          3f
         vmaskmovps    (%rdi,%rax,4), %ymm14, %ymm2  // +0.0 past the end
-        vmaskmovps  32(%rdi,%rax,4), %ymm15, %ymm3
+        tail_load_hi %r10, 15, 3, 32(%rdi,%rax,4)
         vaddps      %ymm2, %ymm0, %ymm0
         vaddps      %ymm3, %ymm1, %ymm1
 3:
@@ -70,7 +70,7 @@ function gpt2asm_layernorm_f32_avx2
         cmpq        %r8, %r9
         je          6f
         vmaskmovps    (%rdi,%rax,4), %ymm14, %ymm4
-        vmaskmovps  32(%rdi,%rax,4), %ymm15, %ymm5
+        tail_load_hi %r10, 15, 5, 32(%rdi,%rax,4)
         vsubps      %ymm12, %ymm4, %ymm4
         vsubps      %ymm12, %ymm5, %ymm5
         vandps      %ymm14, %ymm4, %ymm4            // d = +0.0 past the end
@@ -110,19 +110,19 @@ function gpt2asm_layernorm_f32_avx2
         cmpq        %r8, %r9
         je          9f
         vmaskmovps    (%rdi,%rax,4), %ymm14, %ymm4
-        vmaskmovps  32(%rdi,%rax,4), %ymm15, %ymm5
+        tail_load_hi %r10, 15, 5, 32(%rdi,%rax,4)
         vsubps      %ymm12, %ymm4, %ymm4
         vsubps      %ymm12, %ymm5, %ymm5
         vmulps      %ymm13, %ymm4, %ymm4
         vmulps      %ymm13, %ymm5, %ymm5
         vmaskmovps    (%rsi,%rax,4), %ymm14, %ymm6
-        vmaskmovps  32(%rsi,%rax,4), %ymm15, %ymm7
+        tail_load_hi %r10, 15, 7, 32(%rsi,%rax,4)
         vmaskmovps    (%rdx,%rax,4), %ymm14, %ymm8
-        vmaskmovps  32(%rdx,%rax,4), %ymm15, %ymm9
+        tail_load_hi %r10, 15, 9, 32(%rdx,%rax,4)
         vfmadd213ps %ymm8, %ymm6, %ymm4
         vfmadd213ps %ymm9, %ymm7, %ymm5
         vmaskmovps  %ymm4, %ymm14,   (%rcx,%rax,4)
-        vmaskmovps  %ymm5, %ymm15, 32(%rcx,%rax,4)
+        tail_store_hi %r10, 5, 15, 32(%rcx,%rax,4)
 9:
         vzeroupper
         ret
