@@ -23,17 +23,49 @@ run: models                  ## the main job: 60 tokens after the prompt, seeded
 	$(PYTHON) -m gpt2asm --model $(MODEL) -n 60 --seed 1 "$(PROMPT)"
 
 test-deps: setup
-	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0 -r tests/requirements-emu.txt
+	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0 huggingface_hub -r tests/requirements-emu.txt
 
 test: test-deps              ## the whole test suite (kernels, tokenizer, model, parity, CLI)
 	$(PYTEST) -q tests
 
+.PHONY: fuzz
+fuzz: setup                  ## fuzz the checkpoint and tokenizer loaders: FUZZ_CASES (10000) mutated files, FUZZ_SEED
+	$(PYTHON) tools/fuzz.py --cases $(or $(FUZZ_CASES),10000) --seed $(or $(FUZZ_SEED),0)
+
 verify: models               ## greedy parity with transformers (tools/verify.py)
 	$(PYTHON) tools/verify.py --model $(MODEL)
 
-bench: models                ## decode speed per ISA, dtype, -j, with PyTorch and the bandwidth bound
-	$(PYTHON) tools/bench.py --model $(MODEL)
+bench: models                ## one table: ours per ISA x dtype x -j beside the bandwidth bound, PyTorch, llama.cpp (BENCH_ARGS=--quick)
+	$(PYTHON) tools/bench.py --model $(MODEL) $(BENCH_ARGS)
+
+.PHONY: llamacpp
+llamacpp: models             ## build llama.cpp's llama-bench from the llama-cpp-python sdist into .cache/llamacpp; GGUFs of $(MODEL)
+	$(PYTHON) tools/llamacpp.py all --model $(MODEL)
 
 clean:
 	rm -f gpt2asm/libgpt2asm.so gpt2asm/libgpt2asm.dylib
 	rm -rf build dist .pytest_cache
+
+# ---- Arm (AArch64) on x86-64 Linux: cross-build with clang-19/lld, test under qemu-user (tools/arm64/) ----
+# ARM64_TESTS run under every ARM64_CPUS configuration; ARM64_TESTS_ONCE only under the first (the
+# SVL-independent ones: NEON kernels, forward pass, CLI).  ARM64_CPUS: names of tools/arm64/run_tests.py's
+# CPUS or NAME:QEMU-CPU; ARM64_JOBS configurations run in parallel.
+ARM64_TESTS      ?= tests/test_arm_smoke.py tests/test_kernels_sme2.py tests/test_fingerprint.py
+ARM64_TESTS_ONCE ?= tests/test_kernels_neon.py
+ARM64_CPUS       ?= sme512 sme256 sme128 nosme
+ARM64_JOBS       ?= 2
+.PHONY: arm64-lib macos-lib test-arm64
+
+arm64-lib:                   ## cross-build build/aarch64-linux-gnu/libgpt2asm.so (clang-19, lld) + export check
+	bash tools/arm64/setup.sh toolchain
+	$(PYTHON) build.py --target aarch64-linux-gnu -q
+
+macos-lib:                   ## cross-link build/arm64-apple-macos14/libgpt2asm.dylib (ld64.lld-19, no SDK) + checks
+	bash tools/arm64/setup.sh toolchain
+	$(PYTHON) build.py --target arm64-apple-macos14 -q
+	$(PYTHON) tools/arm64/check_macho.py build/arm64-apple-macos14/libgpt2asm.dylib
+
+test-arm64: macos-lib        ## the Arm tests under qemu-aarch64: SME2 at SVL 512/256/128 (FA64 off), and no SME
+	bash tools/arm64/setup.sh toolchain qemu sysroot
+	$(PYTHON) tools/arm64/run_tests.py --cpus "$(ARM64_CPUS)" -j $(ARM64_JOBS) $(ARM64_TESTS) \
+	  $(if $(strip $(ARM64_TESTS_ONCE)),--once $(ARM64_TESTS_ONCE))

@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 """Build the gpt2asm assembly library, and be the package's PEP 517 build backend.
 
-As a script:    python build.py [--cc CC] [--target TRIPLE] [--out DIR] [--check]
+As a script:    python build.py [--cc CC] [--target TRIPLE] [--out DIR] [--check | --check-exports [--strict]]
     assembles asm/<arch>/*_*.S with the system C compiler (gcc or clang; GNU as syntax through the C
     preprocessor) and links them into gpt2asm/libgpt2asm.so (.dylib for macOS targets).  The library's
     build id is the SHA-256 of the sources, so the package can tell a stale library from a fresh one.
     --check only says whether the library is up to date (exit 1 if not).
+    Cross builds (from x86-64 Linux, with clang and lld; Debian: apt-get install clang-19 lld-19 llvm-19):
+        --target aarch64-linux-gnu       -> build/aarch64-linux-gnu/libgpt2asm.so
+        --target arm64-apple-macos14     -> build/arm64-apple-macos14/libgpt2asm.dylib (ld64.lld, no SDK)
+    A cross build never writes into gpt2asm/ unless --out says so.  On AArch64 (native or cross) the
+    compiler defaults to the first of clang-19, clang-20, clang, cc found (SME2 needs clang >= 17).
+    After a build, and with --check-exports alone, every symbol the Python side binds (bound_symbols())
+    is checked to be exported (llvm-nm/nm): a kernel family the library has must be complete; --strict
+    requires every family of the architecture.
 
 As a backend (pyproject.toml: build-backend = "build", backend-path = ["."]):
     `pip install .` builds a wheel holding the Python package and the freshly built library;
@@ -49,6 +57,132 @@ def is_macos(target: str | None) -> bool:
     return ("apple" in target or "darwin" in target) if target else sys.platform == "darwin"
 
 
+def is_cross(target: str | None) -> bool:
+    """True if target names another architecture or OS than this machine's."""
+    if not target:
+        return False
+    host_arch = ARCHES.get(platform.machine().lower(), platform.machine())
+    return target_arch(target) != host_arch or is_macos(target) != (sys.platform == "darwin")
+
+
+def default_out(target: str | None) -> Path:
+    """gpt2asm/ for a native build; build/<target>/ for a cross build (never the package's library)."""
+    return ROOT / "build" / target if is_cross(target) else PKG
+
+
+def default_cc(target: str | None) -> str:
+    """$CC, else: AArch64 -> the first clang that can assemble SME2 (clang-19 ...), x86-64 -> cc/clang."""
+    if os.environ.get("CC"):
+        return os.environ["CC"]
+    if target_arch(target) == "aarch64":
+        names = ["clang-19", "clang-20", "clang-21", "clang-22", "clang-18", "clang-17", "clang"]
+        if not is_cross(target):
+            names.append("cc")
+        for name in names:
+            if shutil.which(name):
+                return name
+        return names[0]
+    return "clang" if target else "cc"
+
+
+# --------------------------------------------------------------------------------------------------
+# the exported symbols the Python side binds (one list for build.py, the tests and gpt2asm/kernels.py)
+
+KERNEL_OPS = ("matvec_f32", "matvec_f16", "layernorm_f32", "gelu_f32", "expf_f32", "softmax_f32",
+              "attention_f32")
+# family -> the ops it implements, per architecture, best family last (the -s order).  sme2 has only the
+# matrix-vector products; a kernel set using sme2 takes every other op from neon (FAMILY_FALLBACK).
+FAMILY_OPS = {
+    "x86_64": {"avx2": KERNEL_OPS, "avx512": KERNEL_OPS},
+    "aarch64": {"neon": KERNEL_OPS, "sme2": ("matvec_f32", "matvec_f16")},
+}
+FAMILY_FALLBACK = {"sme2": "neon"}
+# bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
+COMMON_SYMBOLS = {
+    "x86_64": ("gpt2asm_build_id", "gpt2asm_cpuid", "gpt2asm_xgetbv"),
+    "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl"),
+}
+# bound by tools/ (bench)
+TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2",), "aarch64": ()}
+
+
+def kernel_symbol(op: str, family: str) -> str:
+    """The symbol that implements op for family: gpt2asm_<op>_<family>, or the fallback family's."""
+    for arch_families in FAMILY_OPS.values():
+        if family in arch_families:
+            if op in arch_families[family]:
+                return f"gpt2asm_{op}_{family}"
+            if family in FAMILY_FALLBACK:
+                return kernel_symbol(op, FAMILY_FALLBACK[family])
+    raise KeyError(f"no kernel {op!r} for family {family!r}")
+
+
+def bound_symbols(arch: str, family: str | None = None) -> list[str]:
+    """Symbols the Python side binds on arch: the common ones plus one family's (or every family's)."""
+    fams = FAMILY_OPS[arch] if family is None else {family: FAMILY_OPS[arch][family]}
+    out = list(COMMON_SYMBOLS[arch]) + list(TOOL_SYMBOLS[arch])
+    for fam, ops in fams.items():
+        out += [f"gpt2asm_{op}_{fam}" for op in ops]
+    return out
+
+
+def nm_tool(macho: bool) -> str | None:
+    names = ["llvm-nm-19", "llvm-nm-20", "llvm-nm-21", "llvm-nm-18", "llvm-nm"]
+    if not macho or sys.platform == "darwin":          # GNU nm reads ELF; Apple's nm is llvm-nm
+        names.append("nm")
+    return next((n for n in names if shutil.which(n)), None)
+
+
+def exported_symbols(lib: Path) -> set[str]:
+    """Defined, external (dynamic) symbols of a .so or .dylib, without Mach-O's leading underscore."""
+    macho = lib.suffix == ".dylib"
+    tool = nm_tool(macho)
+    if tool is None:
+        raise FileNotFoundError("no llvm-nm or nm found (Debian: apt-get install llvm-19)")
+    cmd = [tool, "--extern-only", "--defined-only"] + ([] if macho else ["--dynamic"]) + [str(lib)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    names = set()
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[-2] not in ("U", "w", "v"):
+            name = parts[-1]
+            names.add(name[1:] if macho and name.startswith("_") else name)
+    return names
+
+
+def check_exports(lib: Path, arch: str, strict: bool = False) -> list[str]:
+    """Problems with lib's exports ([] if none): a missing common symbol, an incomplete family (every
+    family with strict=True, else only those the library has at least one symbol of)."""
+    have = exported_symbols(lib)
+    problems = [f"{s} is not exported" for s in COMMON_SYMBOLS[arch] + TOOL_SYMBOLS[arch] if s not in have]
+    for fam in FAMILY_OPS[arch]:
+        want = bound_symbols(arch, fam)[len(COMMON_SYMBOLS[arch]) + len(TOOL_SYMBOLS[arch]):]
+        missing = [s for s in want if s not in have]
+        if missing and (strict or len(missing) < len(want)):
+            problems.append(f"family {fam}: {len(missing)} of {len(want)} symbols missing: {', '.join(missing)}")
+    return problems
+
+
+def report_exports(lib: Path, arch: str, strict: bool = False) -> bool:
+    """Print a one-line summary (and the problems) to stderr; True if all is well."""
+    try:
+        problems = check_exports(lib, arch, strict)
+    except FileNotFoundError as e:
+        print(f"build.py: export check skipped: {e}", file=sys.stderr)
+        return not strict
+    have = exported_symbols(lib)
+    fams = [f"{fam} {sum(f'gpt2asm_{op}_{fam}' in have for op in ops)}/{len(ops)}"
+            for fam, ops in FAMILY_OPS[arch].items()]
+    print(f"exports of {lib.name} ({arch}): common {len(COMMON_SYMBOLS[arch])} ok"
+          if not problems else f"exports of {lib.name} ({arch}): PROBLEMS", end="", file=sys.stderr)
+    print(f"; families: {', '.join(fams)}", file=sys.stderr)
+    for p in problems:
+        print(f"  {p}", file=sys.stderr)
+    return not problems
+
+
 def lib_name(target: str | None = None) -> str:
     return "libgpt2asm.dylib" if is_macos(target) else "libgpt2asm.so"
 
@@ -70,7 +204,7 @@ def compile_library(out_dir: Path, cc: str | None = None, target: str | None = N
                     verbose: bool = True) -> Path:
     """Assemble and link the library into out_dir; return its path."""
     arch = target_arch(target)
-    cc = cc or os.environ.get("CC") or ("clang" if target else "cc")
+    cc = cc or default_cc(target)
     units = [p for p in sources(arch) if p.suffix == ".S" and "_" in p.stem]
     flags = ["-x", "assembler-with-cpp", f"-I{ROOT / 'asm' / arch}",
              f'-DGPT2ASM_BUILD_ID="{source_hash(arch)}"']
@@ -93,6 +227,8 @@ def compile_library(out_dir: Path, cc: str | None = None, target: str | None = N
                 link += ["-fuse-ld=lld", "-Wl,-undefined,error", "-Wl,-platform_version,macos,14.0,14.0"]
         else:
             link += ["-Wl,-z,noexecstack", "-Wl,--no-undefined", "-Wl,-z,relro"]
+            if is_cross(target):                    # the host's GNU ld links no foreign ELF
+                link += ["-fuse-ld=lld"]
         run(link, verbose)
         os.replace(Path(tmp) / out.name, out) if same_fs(tmp, out_dir) else shutil.move(
             str(Path(tmp) / out.name), str(out))
@@ -132,17 +268,35 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cc", help="C compiler driver used to assemble and link (default: $CC or cc)")
     ap.add_argument("--target", help="cross target triple, e.g. aarch64-linux-gnu, arm64-apple-macos14")
-    ap.add_argument("--out", type=Path, default=PKG, help="output directory (default: gpt2asm/)")
+    ap.add_argument("--out", type=Path, help="output directory (default: gpt2asm/; build/TARGET/ for a "
+                    "cross target)")
     ap.add_argument("--check", action="store_true", help="exit 1 if the library is missing or stale")
+    ap.add_argument("--check-exports", action="store_true", help="only check that the library in the "
+                    "output directory exports every symbol the Python side binds (exit 1 if not)")
+    ap.add_argument("--strict", action="store_true", help="with the export check: require every kernel "
+                    "family of the architecture, not only those the library has")
+    ap.add_argument("--list-symbols", action="store_true", help="print the symbols the Python side binds "
+                    "for the target's architecture, one a line")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
+    out_dir = a.out if a.out is not None else default_out(a.target)
+    arch = target_arch(a.target)
+    if a.list_symbols:
+        print("\n".join(bound_symbols(arch)))
+        return 0
     if a.check:
-        ok = up_to_date(a.out)
+        ok = up_to_date(out_dir)
         print("library up to date" if ok else "library missing or stale: run `make build`")
         return 0 if ok else 1
-    out = compile_library(a.out, a.cc, a.target, verbose=not a.quiet)
+    if a.check_exports:
+        lib = out_dir / lib_name(a.target)
+        if not lib.exists():
+            print(f"build.py: {lib} does not exist", file=sys.stderr)
+            return 1
+        return 0 if report_exports(lib, arch, a.strict) else 1
+    out = compile_library(out_dir, a.cc, a.target, verbose=not a.quiet)
     print(f"built {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}", file=sys.stderr)
-    return 0
+    return 0 if report_exports(out, arch, a.strict) else 1
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,12 +4,12 @@
     model = GPT2.load("models/gpt2")            # directory with model.safetensors, vocab.json, merges.txt
     print(model.generate("Alan Turing theorized that", max_new_tokens=40, temperature=0))
 """
-from .errors import (CheckpointError, ContextOverflowError, GPT2AsmError, InvalidArgumentError,
+from .errors import (CheckpointError, ContextOverflowError, DownloadError, GPT2AsmError, InvalidArgumentError,
                      KernelUnavailableError, LibraryError, ModelNotFoundError, NonFiniteLogitsError,
                      TokenizerError)
 
 __version__ = "0.1.0"
-__all__ = ["GPT2", "GPT2AsmError", "CheckpointError", "ContextOverflowError", "InvalidArgumentError",
+__all__ = ["GPT2", "GPT2AsmError", "DownloadError", "CheckpointError", "ContextOverflowError", "InvalidArgumentError",
            "KernelUnavailableError", "LibraryError", "ModelNotFoundError", "NonFiniteLogitsError",
            "TokenizerError"]
 

@@ -1,6 +1,8 @@
 """python -m gpt2asm [options] PROMPT — generate text with GPT-2 on hand-written assembly kernels.
 
 Compatible with the seed tool gpt2.s: -n, -t, -s, -j, -h (fp16; help is --help), -i.
+Exit status: 0 done, 2 a user error (one message on stderr, no traceback), 130 interrupted (Ctrl-C; the
+stats line is still printed).
 """
 from __future__ import annotations
 
@@ -57,9 +59,12 @@ def parser() -> argparse.ArgumentParser:
                     help="print token ids: line 1 the prompt, line 2 the output")
     ap.add_argument("--seed", type=positive_int(0, (1 << 64) - 1), default=None,
                     help="PRNG seed for sampling (default: random)")
-    ap.add_argument("--model", metavar="DIR", default=None,
-                    help="directory with model.safetensors, vocab.json, merges.txt (default: $GPT2ASM_MODEL, "
-                         "else the current directory)")
+    ap.add_argument("--model", metavar="DIR|NAME", default=None,
+                    help="directory with model.safetensors, vocab.json, merges.txt (+ config.json), or a hub "
+                         "name: gpt2, distilgpt2, gpt2-medium, gpt2-large, gpt2-xl (from the Hugging Face cache, "
+                         "else downloaded). Default: $GPT2ASM_MODEL, else the current directory, else gpt2")
+    ap.add_argument("--offline", action="store_true",
+                    help="never download (as HF_HUB_OFFLINE=1): use local and cached files only")
     ap.add_argument("--top-k", type=positive_int(0, 1 << 20), default=0, metavar="K",
                     help="sample only from the K most likely tokens (0 = off)")
     ap.add_argument("--top-p", type=bounded_float(0.0, 1.0, lo_open=True), default=1.0, metavar="P",
@@ -75,11 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little")
     stats: dict = {}
     model = None
+    load_s = 0.0
     out = sys.stdout
+    try:
+        out.reconfigure(errors="replace")           # never die on a terminal that cannot show a character
+    except (AttributeError, ValueError):
+        pass
+    status, midline = 0, False
     try:
         from .engine import GPT2
         t0 = time.perf_counter()
-        model = GPT2.load(args.model, dtype="f16" if args.fp16 else "f32", isa=args.s, threads=args.j)
+        model = GPT2.load(args.model, dtype="f16" if args.fp16 else "f32", isa=args.s, threads=args.j,
+                          download=not args.offline)
         load_s = time.perf_counter() - t0
         if model.random_init:
             print(f"[gpt2asm] note: {model.model_dir} holds randomly initialised weights "
@@ -90,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                  repetition_penalty=args.repetition_penalty, seed=seed, stats=stats)
         if args.ids:
             print(" ".join(map(str, prompt_ids or [model.tokenizer.eot_id])), file=out, flush=True)
+            midline = True
             for tok in gen:
                 print(tok, end=" ", file=out, flush=True)
             print(file=out)
@@ -98,27 +111,65 @@ def main(argv: list[str] | None = None) -> int:
             dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
             out.write(prompt)
             out.flush()
+            midline = True
             for tok in gen:
                 out.write(dec.decode(model.tokenizer.token_bytes(tok)))
                 out.flush()
             out.write(dec.decode(b"", final=True) + "\n")
-        status = 0
-    except KeyboardInterrupt:
-        print(file=out)
+        midline = False
+        out.flush()
+    except KeyboardInterrupt:                         # Ctrl-C: stop cleanly, still say what was done
         status = 130
+        if stats:
+            stats["interrupted"] = True
+        else:
+            print("gpt2asm: interrupted", file=sys.stderr)
+    except BrokenPipeError:                           # `... | head`: the reader is gone, so are we
+        _silence_stdout()
+        return 141
     except GPT2AsmError as e:
-        print(f"gpt2asm: error: {e}", file=sys.stderr)
-        return 2
+        status = 2
+        lines = str(e).splitlines() or [type(e).__name__]
+        _end_line(out, midline)
+        print(f"gpt2asm: error: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:
+            print(f"  {line}" if not line.startswith(" ") else line, file=sys.stderr)
+        stats.clear()
+    except MemoryError:
+        status = 2
+        _end_line(out, midline)
+        print("gpt2asm: error: out of memory (try -h for fp16 weights, or a smaller model)", file=sys.stderr)
+        stats.clear()
     finally:
         if model is not None:
             model.close()
-    if stats:
-        n, dt = stats["generated"], stats["decode_s"]
+    if status == 130:
+        _end_line(out, midline)
+    if stats and model is not None:
+        n, dt = stats.get("generated", 0), stats.get("decode_s", 0.0)
         rate = (n - 1) / dt if n > 1 and dt > 0 else 0.0
         print(f"[gpt2asm] {stats['prompt']} prompt + {n} generated tokens, {rate:.1f} tok/s "
-              f"({model.isa}, {'fp16' if args.fp16 else 'fp32'}, -j {args.j}; load {load_s:.2f} s)",
-              file=sys.stderr)
+              f"({model.isa}, {'fp16' if args.fp16 else 'fp32'}, -j {args.j}; load {load_s:.2f} s)"
+              + ("; interrupted" if stats.get("interrupted") else ""), file=sys.stderr)
     return status
+
+
+def _end_line(out, midline: bool) -> None:
+    if midline:
+        try:
+            out.write("\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush does not complain."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

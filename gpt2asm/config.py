@@ -18,6 +18,8 @@ from .errors import CheckpointError
 HEAD_DIM = 64            # the attention kernel is written for head_dim == 64 (true of every GPT-2 size)
 MAX_VOCAB = 1 << 20
 MAX_CTX = 1 << 16
+MAX_LAYER = 1 << 12      # far above GPT-2 xl's 48: bounds the work done before the shapes are checked
+MAX_EMBD = 1 << 16
 
 # config.json key -> our field; the first key present wins (n_positions is the wpe size; n_ctx is its
 # legacy twin in old GPT-2 configs).
@@ -30,7 +32,7 @@ _KEYS = {
 }
 
 _GELU_TANH = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"}  # all the tanh approximation GPT-2 uses
-_BLOCK_RE = re.compile(r"^(?:transformer\.)?h\.(\d+)\.")
+_BLOCK_RE = re.compile(r"^(?:transformer\.)?h\.(\d{1,9})\.")   # longer numbers are no block of ours
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class GPT2Config:
         for name in ("n_layer", "n_embd", "n_head", "n_ctx", "vocab_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
-                raise CheckpointError(f"config: {name} must be an integer, got {v!r}")
+                raise CheckpointError(f"config: {name} must be an integer, got {_short(v)}")
             if v <= 0:
                 raise CheckpointError(f"config: {name} must be positive, got {v}")
         if self.n_embd % self.n_head:
@@ -65,6 +67,10 @@ class GPT2Config:
                 f"attention kernel is written for head_dim {HEAD_DIM} (as in every GPT-2 size)")
         if self.n_embd % 16:
             raise CheckpointError(f"config: n_embd={self.n_embd} must be a multiple of 16")
+        if self.n_layer > MAX_LAYER:
+            raise CheckpointError(f"config: n_layer={self.n_layer} exceeds the limit {MAX_LAYER}")
+        if self.n_embd > MAX_EMBD:
+            raise CheckpointError(f"config: n_embd={self.n_embd} exceeds the limit {MAX_EMBD}")
         if self.vocab_size > MAX_VOCAB:
             raise CheckpointError(f"config: vocab_size={self.vocab_size} exceeds the limit {MAX_VOCAB}")
         if self.n_ctx > MAX_CTX:
@@ -100,8 +106,8 @@ class GPT2Config:
             raise CheckpointError(f"{path}: cannot read config: {e}") from None
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}: not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:        # JSONDecodeError, huge integers, deep nesting
+            raise CheckpointError(f"{path}: not valid JSON: {type(e).__name__}: {e}") from None
         return cls.from_dict(d, source=str(path))
 
 
@@ -110,16 +116,16 @@ def _check_architecture(d: dict, source: str) -> None:
     problems = []
     mt = d.get("model_type")
     if mt is not None and mt != "gpt2":
-        problems.append(f"model_type is {mt!r}, not 'gpt2'")
+        problems.append(f"model_type is {_short(mt)}, not 'gpt2'")
     act = d.get("activation_function")
-    if act is not None and act not in _GELU_TANH:
-        problems.append(f"activation_function {act!r} is not supported (GPT-2 uses 'gelu_new')")
+    if act is not None and not (isinstance(act, str) and act in _GELU_TANH):
+        problems.append(f"activation_function {_short(act)} is not supported (GPT-2 uses 'gelu_new')")
     eps = d.get("layer_norm_epsilon")
-    if eps is not None and (not isinstance(eps, (int, float)) or not math.isclose(eps, 1e-5, rel_tol=1e-6)):
-        problems.append(f"layer_norm_epsilon {eps!r} is not supported (the engine uses 1e-5)")
+    if eps is not None and not _is_eps(eps):
+        problems.append(f"layer_norm_epsilon {_short(eps)} is not supported (the engine uses 1e-5)")
     n_inner, n_embd = d.get("n_inner"), d.get("n_embd", d.get("hidden_size"))
     if n_inner is not None and n_inner != (4 * n_embd if isinstance(n_embd, int) else None):
-        problems.append(f"n_inner {n_inner!r} is not supported (the MLP must be 4*n_embd wide)")
+        problems.append(f"n_inner {_short(n_inner)} is not supported (the MLP must be 4*n_embd wide)")
     if d.get("scale_attn_by_inverse_layer_idx"):
         problems.append("scale_attn_by_inverse_layer_idx=true is not supported")
     if d.get("scale_attn_weights") is False:
@@ -128,6 +134,21 @@ def _check_architecture(d: dict, source: str) -> None:
         problems.append("add_cross_attention=true is not supported")
     if problems:
         raise CheckpointError(f"{source}: " + "; ".join(problems))
+
+
+def _short(v, limit: int = 60) -> str:
+    """repr of a config value, cut short (a fuzzed file may hold anything, of any size)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
+def _is_eps(v) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isclose(float(v), 1e-5, rel_tol=1e-6)
+    except OverflowError:                                   # an integer too large for a float
+        return False
 
 
 def infer_config(shapes: dict) -> GPT2Config:

@@ -1,30 +1,136 @@
-"""The Python API: load a model, encode/decode, logits, generate (whole or streamed).
+"""The Python API: load a model, encode/decode, logits, generate (whole or streamed), sessions.
 
     from gpt2asm import GPT2
-    m = GPT2.load("models/gpt2", dtype="f32", isa=None, threads=2)
+    m = GPT2.load("gpt2", dtype="f32", isa=None, threads=2)      # a directory or a hub name
     print(m.generate("Alan Turing theorized that", max_new_tokens=40, temperature=0))
     for piece in m.stream("Hello", max_new_tokens=20, seed=1):
         print(piece, end="", flush=True)
+
+    s = m.session()                     # keeps its KV cache between calls
+    chat = "Q: What is a CPU?\\nA:"
+    chat += s.generate(chat, max_new_tokens=30, stop=["\\n"])
+    chat += "\\nQ: And a GPU?\\nA:"
+    chat += s.generate(chat, max_new_tokens=30, stop=["\\n"])   # prefills only the new suffix
+    blob = s.snapshot()                 # bytes; s.restore(blob) or Session.from_bytes(m, blob) later
+
+Every argument is checked here before anything reaches the kernels; mistakes are GPT2AsmError subclasses
+(InvalidArgumentError, ContextOverflowError, ...), and the model stays usable after any of them.
 """
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
+import math
+import operator
 import os
+import struct
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
-from .errors import ContextOverflowError, InvalidArgumentError
+from .errors import ContextOverflowError, InvalidArgumentError, TokenizerError
 from .files import find_model_dir, is_random_init
 from .kernels import Kernels
 from .model import Transformer
 from .sampler import Sampler
 from .tokenizer import Tokenizer
-from .weights import load_weights
+from .tilecache import load_weights_cached as load_weights   # warm start: tiles mapped from disk
 
 DTYPES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16"}
+MAX_SEED = (1 << 64) - 1
 
+
+# ----------------------------------------------------------------------------------------------------
+# argument checks
+
+def _int_arg(name: str, v, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool):
+        raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an integer, got {type(v).__name__} {v!r}") from None
+    if v < lo or (hi is not None and v > hi):
+        raise InvalidArgumentError(f"{name} must be in {lo}..{hi if hi is not None else '∞'}, got {v}")
+    return v
+
+
+def _float_arg(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"{name} must be a number, got {type(v).__name__} {v!r}")
+    f = float(v)
+    if not math.isfinite(f) or not (lo < f if lo_open else lo <= f) or f > hi:
+        raise InvalidArgumentError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+    return f
+
+
+def check_sampling(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=None) -> dict:
+    """Validated sampling parameters (seed None = a fresh random seed)."""
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
+    return dict(temperature=_float_arg("temperature", temperature, 0.0, 100.0),
+                top_k=_int_arg("top_k", top_k, 0, 1 << 20),
+                top_p=_float_arg("top_p", top_p, 0.0, 1.0, lo_open=True),
+                repetition_penalty=_float_arg("repetition_penalty", repetition_penalty, 0.0, 100.0, lo_open=True),
+                seed=_int_arg("seed", seed, 0, MAX_SEED))
+
+
+def _check_stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {stop!r}")
+    return [s for s in stop if s]
+
+
+class _TextStream:
+    """Token bytes -> text pieces: UTF-8 characters split across tokens come out whole, and text that may
+    be the start of a stop string is held back until it is known not to be one."""
+
+    def __init__(self, stop: list[str]):
+        self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stop, self.text, self.emitted, self.stopped = stop, "", 0, False
+        self.hold = max((len(s) for s in stop), default=1) - 1
+
+    def push(self, b: bytes) -> str:
+        self.text += self.dec.decode(b)
+        if self.stop:
+            hits = [i for i in (self.text.find(s, max(0, self.emitted - self.hold)) for s in self.stop) if i >= 0]
+            if hits:
+                self.stopped = True
+                cut = min(hits)
+                out = self.text[self.emitted:cut] if cut > self.emitted else ""
+                self.emitted = max(self.emitted, cut)
+                return out
+            safe = max(self.emitted, len(self.text) - self.hold)
+        else:
+            safe = len(self.text)
+        out = self.text[self.emitted:safe]
+        self.emitted = safe
+        return out
+
+    def finish(self) -> str:
+        if self.stopped:
+            return ""
+        self.text += self.dec.decode(b"", final=True)
+        if self.stop:
+            hits = [i for i in (self.text.find(s, max(0, self.emitted - self.hold)) for s in self.stop) if i >= 0]
+            if hits:
+                cut = min(hits)
+                out = self.text[self.emitted:cut] if cut > self.emitted else ""
+                self.emitted = len(self.text)
+                return out
+        out = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------
 
 class GPT2:
     def __init__(self, transformer: Transformer, tokenizer: Tokenizer, model_dir: Path | None = None):
@@ -32,22 +138,35 @@ class GPT2:
         self.config = transformer.cfg
         self.random_init = bool(model_dir and is_random_init(model_dir))
         if tokenizer.vocab_size > self.config.vocab_size:
-            raise InvalidArgumentError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
-                                       f"only {self.config.vocab_size}")
+            raise TokenizerError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                                 f"{self.config.vocab_size}")
+        if tokenizer.eot_id >= self.config.vocab_size:
+            raise TokenizerError(f"<|endoftext|> has id {tokenizer.eot_id}, beyond the model's vocabulary")
+        # Only ids the tokenizer can print are sampled (a checkpoint may pad its vocabulary).
+        self.n_sample = tokenizer.vocab_size
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None, dtype: str = "f32", isa: str | int | None = None,
-             threads: int = 1) -> "GPT2":
-        """Load model.safetensors (+ config.json) and the tokenizer from a directory.
+    def load(cls, path_or_name: str | os.PathLike | None = None, dtype: str = "f32", isa: str | int | None = None,
+             threads: int = 1, *, download: bool = True, progress: bool = True) -> "GPT2":
+        """Load a model: a directory with model.safetensors, vocab.json, merges.txt (+ config.json), a
+        .safetensors file, or a hub name (gpt2, distilgpt2, gpt2-medium, gpt2-large, gpt2-xl; taken from
+        the Hugging Face cache or downloaded, unless download=False). None: $GPT2ASM_MODEL, the current
+        directory, then 'gpt2'.
 
         dtype 'f32' or 'f16' (weight matrices stored as fp16); isa a kernel family name or index
         (None = best available, or $GPT2ASM_ISA); threads share each matrix product (same output)."""
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
             raise InvalidArgumentError(f"dtype must be one of f32, f16, got {dtype!r}")
+        threads = _int_arg("threads", threads, 1, 256)
         kernels = Kernels(isa, threads)                 # probe first: fail fast on an unusable CPU
-        d = find_model_dir(path)
-        weights = load_weights(d, DTYPES[dtype])
-        return cls(Transformer(weights, kernels), Tokenizer.from_dir(d), d)
+        try:
+            d = find_model_dir(path_or_name, download=download, progress=progress)
+            weights = load_weights(d, DTYPES[dtype.lower()])
+            tok = Tokenizer.from_dir(d)
+            return cls(Transformer(weights, kernels), tok, d)
+        except BaseException:
+            kernels.close()
+            raise
 
     @property
     def isa(self) -> str:
@@ -61,8 +180,24 @@ class GPT2:
     def dtype(self) -> str:
         return self.model.w.dtype
 
+    @property
+    def n_ctx(self) -> int:
+        return self.config.n_ctx
+
     def close(self) -> None:
         self.model.k.close()
+
+    def __enter__(self) -> "GPT2":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"GPT2({str(self.model_dir)!r}, n_layer={c.n_layer}, n_embd={c.n_embd}, n_head={c.n_head}, "
+                f"n_ctx={c.n_ctx}, vocab={c.vocab_size}, dtype={self.dtype!r}, isa={self.isa!r}, "
+                f"threads={self.threads})")
 
     # -- tokens ------------------------------------------------------------------------------------
 
@@ -70,81 +205,340 @@ class GPT2:
         return self.tokenizer.encode(text)
 
     def decode(self, ids) -> str:
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(self.check_ids(ids))
 
     def check_ids(self, ids) -> list[int]:
-        ids = [int(i) for i in ids]
-        V = self.config.vocab_size
-        bad = [i for i in ids if not 0 <= i < V]
-        if bad:
-            raise InvalidArgumentError(f"token ids out of range 0..{V - 1}: {bad[:5]}")
-        return ids
+        """A list of ints in 0..vocab-1, or InvalidArgumentError (no str, float, bool or numpy floats)."""
+        if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+            raise InvalidArgumentError(f"expected a sequence of token ids, got {type(ids).__name__}")
+        if isinstance(ids, np.ndarray) and ids.ndim != 1:
+            raise InvalidArgumentError(f"expected a 1-D sequence of token ids, got shape {ids.shape}")
+        V = min(self.config.vocab_size, self.tokenizer.vocab_size)
+        out = []
+        for i in ids:
+            if isinstance(i, (bool, np.bool_)):
+                raise InvalidArgumentError(f"token id must be an integer, got {i!r}")
+            try:
+                i = operator.index(i)
+            except TypeError:
+                raise InvalidArgumentError(f"token id must be an integer, got {type(i).__name__} {i!r}") from None
+            if not 0 <= i < V:
+                raise InvalidArgumentError(f"token id {i} out of range 0..{V - 1}")
+            out.append(i)
+        return out
 
     def logits(self, ids) -> np.ndarray:
-        """Logits [len(ids)][vocab] for every position of the token list (full-prefix forward)."""
+        """Logits [len(ids)][vocab] float32 for every position of the token list (full-prefix forward)."""
         ids = self.check_ids(ids)
         if not ids:
             raise InvalidArgumentError("logits() needs at least one token")
+        if len(ids) > self.config.n_ctx:
+            raise ContextOverflowError(len(ids), self.config.n_ctx)
         return self.model.forward(ids)
 
     # -- generation --------------------------------------------------------------------------------
 
+    def _prepare(self, prompt_ids, max_new_tokens, sampling: dict) -> tuple[list[int], int, Sampler]:
+        ids = self.check_ids(prompt_ids) or [self.tokenizer.eot_id]    # empty prompt: <|endoftext|>
+        n = _int_arg("max_new_tokens", max_new_tokens, 0)
+        unknown = set(sampling) - {"temperature", "top_k", "top_p", "repetition_penalty", "seed"}
+        if unknown:
+            raise InvalidArgumentError(f"unknown argument(s) {', '.join(sorted(unknown))}; sampling takes "
+                                       "temperature, top_k, top_p, repetition_penalty, seed")
+        s = check_sampling(**sampling)
+        if len(ids) + n > self.config.n_ctx:
+            raise ContextOverflowError(len(ids) + n, self.config.n_ctx)
+        return ids, n, Sampler(self.model.k.softmax, s["temperature"], s["top_k"], s["top_p"],
+                               s["repetition_penalty"], s["seed"])
+
+    def _decode_loop(self, state, logits, history: list[int], n: int, sampler: Sampler, stats: dict | None,
+                     t1: float, fed: list[int] | None = None) -> Iterator[int]:
+        """Sample n tokens starting from `logits`, feeding each but the last into `state`; fed tracks the
+        tokens the cache holds (sessions)."""
+        for k in range(n):
+            tok = sampler(logits[:self.n_sample], history)
+            history.append(tok)
+            if stats is not None:
+                stats["generated"] = k + 1
+                stats["decode_s"] = time.perf_counter() - t1
+            yield tok
+            if k + 1 < n:
+                logits = self.model.step(state, tok)
+                if fed is not None:
+                    fed.append(tok)
+            if stats is not None:
+                stats["decode_s"] = time.perf_counter() - t1
+
     def generate_ids(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int = 0,
-                     top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
+                     top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                      stats: dict | None = None) -> Iterator[int]:
-        """Yield new token ids.  An empty prompt starts from <|endoftext|>, as transformers does."""
-        import time
-        ids = self.check_ids(prompt_ids) or [self.tokenizer.eot_id]
-        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
-            raise InvalidArgumentError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
-        n_ctx = self.config.n_ctx
-        if len(ids) + max_new_tokens > n_ctx:
-            raise ContextOverflowError(len(ids) + max_new_tokens, n_ctx)
-        sampler = Sampler(self.model.k.softmax, temperature, top_k, top_p, repetition_penalty, seed)
+        """Yield new token ids (a fresh KV cache per call). An empty prompt starts from <|endoftext|>, as
+        transformers does. seed None = random; the same seed gives the same tokens."""
+        ids, n, sampler = self._prepare(prompt_ids, max_new_tokens, dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed))
+        return self._generate_ids(ids, n, sampler, stats)
+
+    def _generate_ids(self, ids, n, sampler, stats) -> Iterator[int]:
+        if stats is not None:
+            stats.update(prompt=len(ids), generated=0, prefill_s=0.0, decode_s=0.0)
+        if n == 0:
+            return
         state = self.model.new_state()
         t0 = time.perf_counter()
         for t in ids:
             logits = self.model.step(state, t)
         t1 = time.perf_counter()
         if stats is not None:
-            stats.update(prompt=len(ids), generated=0, prefill_s=t1 - t0, decode_s=0.0)
-        history = list(ids)
-        for n in range(max_new_tokens):
-            tok = sampler(logits, history)
-            history.append(tok)
-            if stats is not None:
-                stats["generated"] = n + 1
-            yield tok
-            if n + 1 < max_new_tokens:
-                logits = self.model.step(state, tok)
-            if stats is not None:
-                stats["decode_s"] = time.perf_counter() - t1
+            stats["prefill_s"] = t1 - t0
+        yield from self._decode_loop(state, logits, list(ids), n, sampler, stats, t1)
 
-    def stream(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | None = None,
-               **kw) -> Iterator[str]:
-        """Yield text pieces as tokens are generated; UTF-8 sequences split across tokens come whole."""
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = ""
-        stop = [s for s in (stop or []) if s]
-        emitted = 0
-        for tok in self.generate_ids(self.encode(prompt), max_new_tokens, **kw):
-            text += dec.decode(self.tokenizer.token_bytes(tok))
-            if stop:
-                hit = min((text.find(s) for s in stop if s in text), default=-1)
-                if hit >= 0:
-                    if hit > emitted:
-                        yield text[emitted:hit]
-                    return
-                hold = max(len(s) for s in stop) - 1      # a stop string may still be forming
-                safe = max(emitted, len(text) - hold)
+    def _text(self, tokens: Iterator[int], stop) -> Iterator[str]:
+        ts = _TextStream(_check_stop(stop))
+        for tok in tokens:
+            piece = ts.push(self.tokenizer.token_bytes(tok))
+            if piece:
+                yield piece
+            if ts.stopped:
+                tokens.close()
+                return
+        piece = ts.finish()
+        if piece:
+            yield piece
+
+    def stream(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | str | None = None,
+               **sampling) -> Iterator[str]:
+        """Yield text pieces as tokens are generated; UTF-8 sequences split across tokens come whole, and
+        generation ends before the first stop string (which is not yielded). The arguments are checked
+        before the first piece is asked for."""
+        stop = _check_stop(stop)
+        ids, n, sampler = self._prepare(self.encode(prompt), max_new_tokens, sampling)
+        return self._text(self._generate_ids(ids, n, sampler, None), stop)
+
+    def generate(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | str | None = None,
+                 **sampling) -> str:
+        """The generated text (without the prompt). Sampling: temperature (0 = greedy), top_k, top_p,
+        repetition_penalty, seed (None = random)."""
+        return "".join(self.stream(prompt, max_new_tokens, stop=stop, **sampling))
+
+    def session(self, snapshot: bytes | None = None) -> "Session":
+        """A Session: a KV cache kept between calls, reusing the longest shared token prefix; started
+        from a Session.snapshot() when given one."""
+        s = Session(self)
+        if snapshot is not None:
+            s.restore(snapshot)
+        return s
+
+    # -- identity of the weights (for KV snapshots) -------------------------------------------------
+
+    def fingerprint(self) -> str:
+        """A short hash of the configuration, weight dtype and a sample of the weights: KV snapshots are
+        only restored into the model they came from."""
+        if getattr(self, "_fingerprint", None):
+            return self._fingerprint
+        w, c = self.model.w, self.config
+        h = hashlib.sha256(json.dumps([c.n_layer, c.n_embd, c.n_head, c.n_ctx, c.vocab_size, w.dtype]).encode())
+        for a in (w.wte[:4], w.wpe[:4], w.ln_f_g, w.ln_f_b, w.layers[0].ln1_g, w.layers[-1].proj_b):
+            h.update(np.ascontiguousarray(a).tobytes())
+        self._fingerprint = h.hexdigest()[:32]
+        return self._fingerprint
+
+
+# ----------------------------------------------------------------------------------------------------
+
+SNAP_MAGIC = b"GPT2ASM-KV\x00\x01"
+_SNAP_HEAD = struct.Struct("<12sQ")          # magic, header length
+_DIGEST = 32
+
+
+class Session:
+    """One conversation's KV cache, kept between calls.
+
+    Each call takes the whole text (or token list) so far; the longest token prefix it shares with what
+    the cache holds is reused and only the rest is prefilled. The output is exactly what a fresh model
+    gives for the same arguments: cached positions hold bit-identical keys and values. After any error
+    (ContextOverflowError, a bad argument, Ctrl-C) the session stays consistent and usable.
+
+    s.tokens: the tokens whose keys/values the cache holds; s.reused / s.prefilled: what the last call
+    took from the cache and what it computed; snapshot() -> bytes and restore(bytes)."""
+
+    def __init__(self, model: GPT2):
+        if not isinstance(model, GPT2):
+            raise InvalidArgumentError(f"Session needs a GPT2 model, got {type(model).__name__}")
+        self.gpt2 = model
+        self._state = model.model.new_state()
+        self.tokens: list[int] = []
+        self.reused = 0
+        self.prefilled = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.tokens = []
+        self._state.n = 0
+
+    def _sync(self) -> None:
+        """Make tokens and the cache agree after an interruption (keep what both have)."""
+        n = min(self._state.n, len(self.tokens))
+        del self.tokens[n:]
+        self._state.n = n
+
+    def _prefill(self, ids: list[int]):
+        """Feed ids, reusing the cached prefix; the logits after the last one."""
+        p = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            p += 1
+        p = min(p, len(ids) - 1)                      # the last token is always fed: its logits are needed
+        del self.tokens[p:]
+        self._state.n = p                             # positions ≥ p are overwritten as they are fed
+        self.reused, self.prefilled = p, len(ids) - p
+        logits = None
+        for t in ids[p:]:
+            logits = self.gpt2.model.step(self._state, t)
+            self.tokens.append(t)
+        return logits
+
+    def generate_ids(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int = 0,
+                     top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
+                     stats: dict | None = None) -> Iterator[int]:
+        """As GPT2.generate_ids, on this session's cache (the generated tokens stay in it)."""
+        ids, n, sampler = self.gpt2._prepare(prompt_ids, max_new_tokens, dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed))
+        return self._run(ids, n, sampler, stats)
+
+    def _run(self, ids, n, sampler, stats) -> Iterator[int]:
+        if stats is not None:
+            stats.update(prompt=len(ids), generated=0, prefill_s=0.0, decode_s=0.0)
+        try:
+            t0 = time.perf_counter()
+            logits = self._prefill(ids)
+            t1 = time.perf_counter()
+            if stats is not None:
+                stats.update(prefill_s=t1 - t0, reused=self.reused)
+            yield from self.gpt2._decode_loop(self._state, logits, list(ids), n, sampler, stats, t1,
+                                              fed=self.tokens)
+        finally:
+            self._sync()
+
+    def stream(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | str | None = None,
+               **sampling) -> Iterator[str]:
+        stop = _check_stop(stop)
+        ids, n, sampler = self.gpt2._prepare(self.gpt2.encode(prompt), max_new_tokens, sampling)
+        return self.gpt2._text(self._run(ids, n, sampler, None), stop)
+
+    def generate(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | str | None = None,
+                 **sampling) -> str:
+        """As GPT2.generate (same result), reusing the cached prefix of `prompt`."""
+        return "".join(self.stream(prompt, max_new_tokens, stop=stop, **sampling))
+
+    def logits(self, ids) -> np.ndarray:
+        """Logits [vocab] after the token list (a copy), reusing the cached prefix; the tokens stay cached."""
+        ids = self.gpt2.check_ids(ids)
+        if not ids:
+            raise InvalidArgumentError("logits() needs at least one token")
+        if len(ids) > self.gpt2.config.n_ctx:
+            raise ContextOverflowError(len(ids), self.gpt2.config.n_ctx)
+        try:
+            return np.array(self._prefill(ids), dtype=np.float32, copy=True)
+        finally:
+            self._sync()
+
+    # -- snapshots ----------------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The cache and its tokens as bytes: magic, header length, JSON header, arrays, SHA-256."""
+        self._sync()
+        snap = self._state.snapshot()
+        items, blobs, off = [], [], 0
+        for x in snap:
+            if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+                items.append({"int": int(x)})
             else:
-                safe = len(text)
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
-        text += dec.decode(b"", final=True)
-        if len(text) > emitted:
-            yield text[emitted:]
+                a = np.ascontiguousarray(x)
+                items.append({"dtype": a.dtype.str, "shape": list(a.shape), "offset": off, "nbytes": a.nbytes})
+                blobs.append(a.tobytes())
+                off += a.nbytes
+        header = json.dumps({"model": self.gpt2.fingerprint(), "tokens": self.tokens, "items": items},
+                            separators=(",", ":")).encode()
+        body = _SNAP_HEAD.pack(SNAP_MAGIC, len(header)) + header + b"".join(blobs)
+        return body + hashlib.sha256(body).digest()
 
-    def generate(self, prompt: str, max_new_tokens: int = 64, **kw) -> str:
-        return "".join(self.stream(prompt, max_new_tokens, **kw))
+    def restore(self, data: bytes) -> None:
+        """Replace this session's cache by a snapshot's; InvalidArgumentError (nothing changed) if the bytes
+        are damaged, of another format, or from another model."""
+        snap, tokens = self._parse(data)
+        self._state.restore(snap)
+        self.tokens = tokens
+        self._sync()
+
+    @classmethod
+    def from_bytes(cls, model: GPT2, data: bytes) -> "Session":
+        s = cls(model)
+        s.restore(data)
+        return s
+
+    def _parse(self, data) -> tuple[tuple, list[int]]:
+        bad = lambda why: InvalidArgumentError(f"not a usable KV snapshot: {why}")  # noqa: E731
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise bad(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < _SNAP_HEAD.size + _DIGEST:
+            raise bad("too short")
+        magic, hlen = _SNAP_HEAD.unpack_from(data)
+        if magic != SNAP_MAGIC:
+            raise bad("wrong magic (not a gpt2asm snapshot, or another version)")
+        body, digest = data[:-_DIGEST], data[-_DIGEST:]
+        if hashlib.sha256(body).digest() != digest:
+            raise bad("checksum mismatch (damaged or truncated)")
+        if _SNAP_HEAD.size + hlen > len(body):
+            raise bad("header length beyond the data")
+        try:
+            h = json.loads(body[_SNAP_HEAD.size:_SNAP_HEAD.size + hlen])
+        except (ValueError, RecursionError) as e:
+            raise bad(f"header is not JSON: {e}") from None
+        if not isinstance(h, dict) or not isinstance(h.get("items"), list) or not isinstance(h.get("tokens"), list):
+            raise bad("header lacks items/tokens")
+        if h.get("model") != self.gpt2.fingerprint():
+            raise bad("it was taken with another model (configuration, weights or dtype differ)")
+        try:
+            tokens = self.gpt2.check_ids(h["tokens"])
+        except InvalidArgumentError as e:
+            raise bad(str(e)) from None
+        cfg, data_start = self.gpt2.config, _SNAP_HEAD.size + hlen
+        n = len(tokens)
+        if n > cfg.n_ctx:
+            raise bad(f"{n} tokens, more than the context ({cfg.n_ctx})")
+        expect = _kv_layout(cfg, n)
+        items = h["items"]
+        if len(items) != len(expect):
+            raise bad(f"{len(items)} items, expected {len(expect)}")
+        out, end = [], data_start
+        for it, want in zip(items, expect):
+            if not isinstance(it, dict):
+                raise bad("malformed item")
+            if want == "n":
+                if it.get("int") != n or isinstance(it.get("int"), bool):
+                    raise bad(f"position count {it.get('int')!r} does not match {n} tokens")
+                out.append(n)
+                continue
+            dt, shape, off, nb = it.get("dtype"), it.get("shape"), it.get("offset"), it.get("nbytes")
+            if dt != np.dtype(np.float32).str or shape != list(want):
+                raise bad(f"array {dt!r} {shape!r}, expected float32 {list(want)}")
+            if type(off) is not int or type(nb) is not int or nb != math.prod(want) * 4 or off != end - data_start:
+                raise bad("array offsets do not add up")
+            if end + nb > len(body):
+                raise bad("array data beyond the end")
+            out.append(np.frombuffer(body, np.float32, count=nb // 4, offset=end).reshape(want))
+            end += nb
+        if end != len(body):
+            raise bad("trailing bytes")
+        return tuple(out), tokens
+
+
+def _kv_layout(cfg, n: int) -> list:
+    """What State.snapshot() holds for n positions: the count, then keys and values [layer][head][n][64]."""
+    kv = (cfg.n_layer, cfg.n_head, n, cfg.head_dim)
+    return ["n", kv, kv]

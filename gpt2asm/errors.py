@@ -22,7 +22,11 @@ class TokenizerError(GPT2AsmError):
 
 
 class ModelNotFoundError(GPT2AsmError):
-    """No model files where they were looked for."""
+    """No model files where they were looked for (and none could be downloaded)."""
+
+
+class DownloadError(ModelNotFoundError):
+    """Fetching the model from the hub failed, or what arrived is not what was pinned (size, SHA-256)."""
 
 
 class LibraryError(GPT2AsmError):

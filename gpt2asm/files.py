@@ -1,17 +1,21 @@
-"""Where the model files are: --model, $GPT2ASM_MODEL, the current directory."""
+"""Where the model files are: --model (a directory, a .safetensors file or a hub name), $GPT2ASM_MODEL,
+the current directory, then GPT-2 124M from the Hugging Face cache, gpt2asm's cache or the hub (hub.py)."""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
 
-from .errors import ModelNotFoundError
+from . import hub
+from .errors import InvalidArgumentError, ModelNotFoundError
 
-NEEDED = ("model.safetensors", "vocab.json", "merges.txt")
+NEEDED = hub.NEEDED
+DEFAULT_NAME = "gpt2"
 HOW_TO_GET = (
     "GPT-2's files are model.safetensors, vocab.json, merges.txt and config.json from the Hugging Face "
     "repository openai-community/gpt2; put them in one directory and pass --model DIR (or set "
-    "GPT2ASM_MODEL). Without them, `python tools/make_checkpoint.py --out models/random-124M` writes a "
+    "GPT2ASM_MODEL), or pass a hub name (--model gpt2, distilgpt2, gpt2-medium, gpt2-large, gpt2-xl) to "
+    "download them. Without them, `python tools/make_checkpoint.py --out models/random-124M` writes a "
     "randomly initialised GPT-2 124M with the real tokenizer (its text is gibberish).")
 
 
@@ -19,30 +23,45 @@ def missing(d: Path) -> list[str]:
     return [f for f in NEEDED if not (d / f).is_file()]
 
 
-def find_model_dir(model: str | os.PathLike | None = None) -> Path:
-    """The directory holding the model files, or ModelNotFoundError saying where we looked."""
+def _local(spec: str, src: str) -> Path:
+    d = Path(spec).expanduser()
+    if d.is_file() and d.suffix == ".safetensors":
+        d = d.parent
+    if d.is_dir() and not missing(d):
+        return d
+    what = f"missing {', '.join(missing(d))}" if d.is_dir() else "no such directory"
+    raise ModelNotFoundError(f"no GPT-2 model in {src} {d}: {what} (looked for {', '.join(NEEDED)}).\n"
+                             + HOW_TO_GET)
+
+
+def find_model_dir(model: str | os.PathLike | None = None, *, download: bool = True,
+                   progress: bool = True) -> Path:
+    """The directory holding the model files, or ModelNotFoundError saying where we looked and what to do.
+
+    model: a directory, a .safetensors file (its directory), or a hub name; None = $GPT2ASM_MODEL (same
+    forms), else the current directory if it holds a model, else the hub model 'gpt2' (cached or
+    downloaded unless download=False or offline)."""
     if model is not None:
-        places = [Path(model)]
-    elif os.environ.get("GPT2ASM_MODEL"):
-        places = [Path(os.environ["GPT2ASM_MODEL"])]
+        if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+            raise InvalidArgumentError(f"model must be a directory, a file or a hub name, got {model!r}")
+        spec, src = os.fspath(model), "--model"
+    elif os.environ.get("GPT2ASM_MODEL", "").strip():
+        spec, src = os.environ["GPT2ASM_MODEL"], "$GPT2ASM_MODEL"
     else:
-        places = [Path.cwd()]
-    for d in places:
-        if d.is_file() and d.suffix == ".safetensors":
-            d = d.parent
-        if d.is_dir() and not missing(d):
-            return d
-    lines = [f"  {d}: missing {', '.join(missing(d)) if d.is_dir() else 'the directory itself'}"
-             for d in places]
-    src = ("--model" if model is not None else
-           "$GPT2ASM_MODEL" if os.environ.get("GPT2ASM_MODEL") else "the current directory (no --model, no $GPT2ASM_MODEL)")
-    raise ModelNotFoundError(f"no GPT-2 model found in {src}; looked for {', '.join(NEEDED)}:\n"
-                             + "\n".join(lines) + "\n" + HOW_TO_GET)
+        cwd = Path.cwd()
+        if not missing(cwd):
+            return cwd
+        looked = [f"  the current directory {cwd} (no --model, no $GPT2ASM_MODEL): "
+                  f"missing {', '.join(missing(cwd))}"]
+        return hub.resolve(DEFAULT_NAME, download_ok=download, progress=progress, searched=looked)
+    if hub.is_hub_name(spec) and not Path(spec).expanduser().exists():
+        return hub.resolve(spec, download_ok=download, progress=progress)
+    return _local(spec, src)
 
 
 def is_random_init(d: Path) -> bool:
     """True for checkpoints written by tools/make_checkpoint.py (marked in config.json)."""
     try:
         return bool(json.loads((d / "config.json").read_text()).get("gpt2asm_random_init"))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False

@@ -1,12 +1,15 @@
-"""ctypes bindings to libgpt2asm, kernel-family choice by CPU probing, and the -j worker pool.
+"""ctypes bindings to libgpt2asm, kernel-family choice by CPU probing, the -j pool and plans.
 
 The assembly trusts its arguments, so everything that reaches it passes through here first: the public
 `Kernels` methods check dtype, size, contiguity and alignment of every array and raise
-InvalidArgumentError; the model builds its calls once (`Kernels.call_*` with raw addresses) from arrays
-it has validated at start-up.  docs/kernels.md documents each symbol.
+InvalidArgumentError; a `Plan` (the job records of gpt2asm_plan_run_<family>) validates every array a job
+points at when the job is added, keeps it alive, and checks the per-step token and position.  With -j N
+the library's own worker threads (gpt2asm_worker_<family>) are started once by `Kernels` and stay inside
+the library, parked between plans, until close().  docs/kernels.md documents each symbol and record.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib.util
 import os
@@ -14,6 +17,7 @@ import platform
 import queue
 import sys
 import threading
+import weakref
 from ctypes import c_size_t, c_uint32, c_uint64, c_void_p, c_char_p
 from pathlib import Path
 
@@ -29,6 +33,8 @@ ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "a
 
 # -s values per architecture: index and name, best last.
 FAMILIES = {"x86_64": ["avx2", "avx512"], "aarch64": ["neon", "sme2"]}
+# a family that lacks an op takes it from this one (sme2 has only the matrix-vector products)
+FAMILY_FALLBACK = {"sme2": "neon"}
 ALIGN = 64
 TILE = 64
 HEAD_DIM = 64
@@ -152,13 +158,14 @@ def choose_family(requested: str | int | None = None) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# the -j pool
+# the Python pool: only for a kernel family without the library's plan executor (see Kernels.has_plan)
 
 class Pool:
     """n-1 worker threads plus the caller.  run(fn, args) calls fn(*args[i]) on thread i and waits.
 
     ctypes drops the GIL for the length of each foreign call, so the kernels of one job run in parallel.
-    Every output is computed whole by one thread, so results do not depend on n.
+    Every output is computed whole by one thread, so results do not depend on n.  (The families with a
+    plan executor use the library's own pool instead: gpt2asm_worker_<family>, docs/kernels.md.)
     """
 
     def __init__(self, n: int):
@@ -229,36 +236,321 @@ def check(a, name: str, dtype, size: int | None = None, aligned: bool = False, w
     return addr(a)
 
 
+def _aligned_zeros(nbytes: int) -> np.ndarray:
+    """Zeroed, 64-byte aligned uint8 buffer (its base array keeps the memory alive)."""
+    buf = np.zeros(nbytes + ALIGN, np.uint8)
+    start = (-buf.ctypes.data) % ALIGN
+    return buf[start:start + nbytes]
+
+
+# --------------------------------------------------------------------------------------------------
+# plans: the job records of gpt2asm_plan_run_<family> (docs/kernels.md, "Thread pool and plans")
+
+POOL_BYTES = 256
+CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SHUTDOWN, CTX_NTHREADS = 0, 4, 8, 12      # u32 fields
+CTX_SPIN, CTX_YIELD, CTX_PARKS = 40, 48, 128                             # u64 fields
+SPIN_TICKS = 1_000_000        # TSC ticks a waiting thread spins before it parks (~0.4 ms: longer than the
+                              # Python gap between two decode steps, so workers stay awake while decoding)
+SPIN_TICKS_OVERSUBSCRIBED = 200_000   # ... with more threads than CPUs (~0.1 ms)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _spin_ticks(threads: int) -> tuple[int, int]:
+    """(spin, yield) TSC ticks of a waiting thread: spin with pause, from `yield` on calling sched_yield
+    between rounds, then park.  Yielding from the start costs nothing on an idle machine (measured: the
+    same 0.2 us per job barrier at -j 2) and is what keeps -j 2 near -j 1 speed when another process
+    competes for the cores (measured with one busy process on 2 cores: 11.8 ms/token fp16 against 18.2
+    without yielding, -j 1 10.2); with more threads than CPUs the thread waited for may need this very
+    CPU, so the waiter parks sooner."""
+    if threads <= _cpus():
+        return SPIN_TICKS, 0
+    return SPIN_TICKS_OVERSUBSCRIBED, 0
+
+
+PLAN_HEADER = 128
+JOB_BYTES = 192
+KIND_MATVEC, KIND_QKV, KIND_ATTN = 0, 1, 2
+PRO_LN, PRO_EMBED, FL_F16, EPI_GELU, EPI_RESID = 1, 2, 4, 0x10, 0x20
+# u64 slots of a job record (byte offset / 8)
+_J = dict(n=1, chunk=2, w=3, b=4, y=5, n_in=6, x=7, g=8, beta=9, a0=10, a1=11, a2=12, a3=13, a4=14,
+          tile_bytes=15)
+# u64 slots of the plan header
+_H = dict(token=0, pos=1, n_jobs=2, priv=3, priv_stride=4, C=5, wte=6, wpe=7, x=8, h_off=9, e_off=10,
+          s_off=11)
+
+
+def _claims(n_items: int, threads: int, family: str) -> tuple[int, int]:
+    """(chunk, guided shift) of a job: one claim of everything for one thread; otherwise guided claims of
+    max(chunk, remaining >> shift) items -- large contiguous claims first, single items (pairs of tiles
+    for AVX-512, whose matvec takes them two at a time) at the end, so that the threads finish a job
+    together.  (Measured on the 2-core CI machine: within noise of fixed claims of 1 or 2 items.)"""
+    if threads == 1:
+        return n_items, 0
+    small = 2 if family == "avx512" and n_items >= 8 * threads else 1
+    return small, (2 * threads - 1).bit_length()
+
+
+class Plan:
+    """A list of jobs for one Kernels object, run by Kernels.run_plan in one call into the library.
+
+    Every array a job points at is validated here (dtype, contiguity, size, alignment where required)
+    and kept alive by the plan; the per-step parameters (token, position) are checked by set_step.
+    Build: add jobs (matvec, qkv_attention, attention), then build(); a built plan is immutable apart
+    from set_step.
+    """
+
+    def __init__(self, kernels: "Kernels"):
+        self.k = kernels
+        self.jobs: list[tuple[int, int, dict]] = []
+        self.keep: list[np.ndarray] = []
+        self.priv_h = self.priv_e = self.priv_s = 0          # floats per thread
+        self.embed: tuple | None = None                      # (wte, wpe, x)
+        self.max_pos: int | None = None                      # positions < max_pos are valid
+        self.max_token: int | None = None
+        self.buf: np.ndarray | None = None
+        self.addr = self.n_jobs = 0
+
+    # -- building -----------------------------------------------------------------------------------
+
+    def _limit_pos(self, n: int) -> None:
+        self.max_pos = n if self.max_pos is None else min(self.max_pos, n)
+
+    def _ptr(self, a: np.ndarray) -> int:
+        self.keep.append(a)
+        return addr(a)
+
+    def _prologue(self, ln, embed: bool, n_in: int, x) -> tuple[int, dict]:
+        """Flags and fields of an optional LayerNorm (+ embedding) prologue feeding n_in inputs."""
+        if ln is None:
+            if embed:
+                raise InvalidArgumentError("the embedding prologue needs a LayerNorm")
+            check(x, "x", np.float32, n_in)
+            return 0, dict(x=self._ptr(x))
+        src, g, beta = ln
+        check(src, "ln source", np.float32, n_in, writable=embed)
+        check(g, "ln gain", np.float32, n_in)
+        check(beta, "ln bias", np.float32, n_in)
+        self.priv_h = max(self.priv_h, n_in)
+        flags = PRO_LN
+        if embed:
+            if self.embed is None:
+                raise InvalidArgumentError("set_embedding() first")
+            if src is not self.embed[2]:
+                raise InvalidArgumentError("the embedding prologue normalises the residual stream it fills")
+            flags |= PRO_EMBED
+            self.priv_e = max(self.priv_e, n_in)
+        return flags, dict(x=self._ptr(src), g=self._ptr(g), beta=self._ptr(beta))
+
+    def set_embedding(self, wte: np.ndarray, wpe: np.ndarray, x: np.ndarray) -> None:
+        """The embedding add x = wte[token] + wpe[pos] of the EMBED prologue (wte [V][C], wpe [n_ctx][C])."""
+        if not (isinstance(wte, np.ndarray) and wte.ndim == 2 and isinstance(wpe, np.ndarray) and wpe.ndim == 2
+                and wte.shape[1] == wpe.shape[1]):
+            raise InvalidArgumentError("wte, wpe: expected [V][C] and [n_ctx][C]")
+        C = wte.shape[1]
+        if C < 16 or C % 16:
+            raise InvalidArgumentError(f"embedding width {C} must be a positive multiple of 16")
+        check(wte, "wte", np.float32)
+        check(wpe, "wpe", np.float32)
+        check(x, "x", np.float32, C, writable=True)
+        self.embed = (wte, wpe, x)
+        self.max_token = wte.shape[0]
+        self._limit_pos(wpe.shape[0])
+        self.keep += [wte, wpe, x]
+
+    def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,
+               ln=None, embed: bool = False, gelu: bool = False, resid: np.ndarray | None = None,
+               chunk: int | None = None) -> int:
+        """y = W in + b over the tiles of w, in = x or LayerNorm(ln = (source, gain, bias)) (after the
+        embedding add if embed); then y = gelu(y), or resid += y (the residual add).  Returns the job index."""
+        if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.shape[2] == TILE and w.shape[0] >= 1
+                and w.shape[1] >= 1 and w.dtype in (np.float32, np.float16)):
+            raise InvalidArgumentError("w: expected a tiled float32/float16 matrix [n_tiles][n_in][64]")
+        n_tiles, n_in, _ = w.shape
+        check(w, "w", w.dtype, aligned=True)
+        flags, f = self._prologue(ln, embed, n_in, x)
+        check(y, "y", np.float32, n_tiles * TILE, writable=True)
+        if b is not None:
+            check(b, "b", np.float32, n_tiles * TILE)
+        if gelu and resid is not None:
+            raise InvalidArgumentError("one epilogue per job")
+        if gelu:
+            flags |= EPI_GELU
+        if resid is not None:
+            check(resid, "resid", np.float32, n_tiles * TILE, writable=True)
+            flags |= EPI_RESID
+            f["a0"] = self._ptr(resid)
+        if w.dtype == np.float16:
+            flags |= FL_F16
+        f.update(w=self._ptr(w), b=0 if b is None else self._ptr(b), y=self._ptr(y), n_in=n_in,
+                 tile_bytes=n_in * TILE * w.itemsize)
+        return self._add(KIND_MATVEC, flags, n_tiles, chunk, f)
+
+    def qkv_attention(self, w: np.ndarray, b: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                      out: np.ndarray, *, ln, embed: bool = False) -> int:
+        """One transformer block's attention half for the token at the header's position pos: per head h
+        (the work items), tiles h, H+h, 2H+h of the c_attn matvec on LayerNorm(ln) give q_h (into q),
+        k_h and v_h (straight into the caches k, v [H][n_ctx][64] at pos); then the attention of head h
+        over positions 0..pos into out."""
+        if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
+            raise InvalidArgumentError("k: expected a cache [n_head][n_ctx][64]")
+        H, n_ctx, _ = k.shape
+        if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.shape[0] == 3 * H and w.shape[2] == TILE
+                and w.dtype in (np.float32, np.float16)):
+            raise InvalidArgumentError(f"w: expected a tiled matrix [{3 * H}][n_in][64]")
+        n_in = w.shape[1]
+        check(w, "w", w.dtype, aligned=True)
+        check(b, "b", np.float32, 3 * H * TILE)
+        check(q, "q", np.float32, 3 * H * TILE, writable=True)
+        check(k, "k", np.float32, writable=True)
+        check(v, "v", np.float32, k.size, writable=True)
+        if v.shape != k.shape:
+            raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
+        check(out, "out", np.float32, H * HEAD_DIM, writable=True)
+        flags, f = self._prologue(ln, embed, n_in, None)
+        if w.dtype == np.float16:
+            flags |= FL_F16
+        self._limit_pos(n_ctx)
+        self.priv_s = max(self.priv_s, -(-n_ctx // 16) * 16)
+        f.update(w=self._ptr(w), b=self._ptr(b), y=self._ptr(q), n_in=n_in, a0=self._ptr(k), a1=self._ptr(v),
+                 a2=self._ptr(out), a3=n_ctx * HEAD_DIM, tile_bytes=n_in * TILE * w.itemsize)
+        return self._add(KIND_QKV, flags, H, None, f)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, n_pos: int) -> int:
+        """Attention of q [H*64] over positions 0..n_pos-1 of k, v [H][n_ctx][64] into out; heads are the items."""
+        if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
+            raise InvalidArgumentError("k: expected [n_head][n_ctx][64]")
+        H, n_ctx, _ = k.shape
+        check(k, "k", np.float32)
+        check(v, "v", np.float32, k.size)
+        if v.shape != k.shape:
+            raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
+        check(q, "q", np.float32, H * HEAD_DIM)
+        check(out, "out", np.float32, H * HEAD_DIM, writable=True)
+        if isinstance(n_pos, bool) or not isinstance(n_pos, (int, np.integer)) or not 1 <= n_pos <= n_ctx:
+            raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {n_pos!r}")
+        self.priv_s = max(self.priv_s, -(-int(n_pos) // 16) * 16)
+        f = dict(y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out), a3=n_ctx * HEAD_DIM,
+                 a4=int(n_pos))
+        return self._add(KIND_ATTN, 0, H, None, f)
+
+    def _add(self, kind: int, flags: int, n_items: int, chunk: int | None, fields: dict) -> int:
+        if self.buf is not None:
+            raise InvalidArgumentError("the plan is built already")
+        shift = 0
+        if chunk is None:
+            chunk, shift = _claims(n_items, self.k.threads, self.k.family)
+        if not 1 <= chunk:
+            raise InvalidArgumentError(f"chunk must be ≥ 1, got {chunk}")
+        flags |= shift << 8
+        self.jobs.append((kind, flags, dict(fields, n=n_items, chunk=chunk)))
+        return len(self.jobs) - 1
+
+    def build(self) -> "Plan":
+        """Lay the records out (header, private areas per thread, jobs); returns self."""
+        if self.buf is not None:
+            return self
+        if not self.jobs:
+            raise InvalidArgumentError("a plan needs at least one job")
+        n = len(self.jobs)
+        buf = _aligned_zeros(PLAN_HEADER + JOB_BYTES * n)
+        u64 = buf.view(np.uint64)
+        u32 = buf.view(np.uint32)
+        r16 = lambda f: -(-f // 16) * 16                         # noqa: E731  floats -> 64-byte multiple
+        h_off, e_off = 0, 4 * r16(self.priv_h)
+        s_off = e_off + 4 * r16(self.priv_e)
+        stride = max(64, s_off + 4 * r16(self.priv_s))
+        self.priv = _aligned_zeros(stride * self.k.threads)
+        hdr = dict(n_jobs=n, priv=addr(self.priv), priv_stride=stride, h_off=h_off, e_off=e_off, s_off=s_off)
+        if self.embed is not None:
+            wte, wpe, x = self.embed
+            hdr.update(C=wte.shape[1], wte=addr(wte), wpe=addr(wpe), x=addr(x))
+        for key, val in hdr.items():
+            u64[_H[key]] = val
+        for j, (kind, flags, fields) in enumerate(self.jobs):
+            base = (PLAN_HEADER + JOB_BYTES * j) // 8
+            u32[2 * base], u32[2 * base + 1] = kind, flags
+            for key, val in fields.items():
+                u64[base + _J[key]] = val
+        self.buf, self.addr, self.n_jobs = buf, addr(buf), n
+        self._step = u64[:2]
+        return self
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def set_step(self, token: int, pos: int) -> None:
+        """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""
+        if self.max_token is not None and not 0 <= token < self.max_token:
+            raise InvalidArgumentError(f"token id {token} out of range 0..{self.max_token - 1}")
+        if not 0 <= pos < (self.max_pos if self.max_pos is not None else 1 << 62):
+            raise InvalidArgumentError(f"position {pos} out of range 0..{self.max_pos - 1}")
+        self._step[0] = token
+        self._step[1] = pos
+
+
 class Kernels:
-    """One kernel family bound, plus the -j pool.  Methods take numpy arrays and validate them."""
+    """One kernel family bound, plus the -j pool.  Methods take numpy arrays and validate them.
+
+    With threads > 1 the library's worker threads (gpt2asm_worker_<family>) are started here and stay
+    inside the library, parked between plans, until close()."""
 
     def __init__(self, family: str | int | None = None, threads: int = 1):
-        if not isinstance(threads, int) or not 1 <= threads <= 256:
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 256:
             raise InvalidArgumentError(f"threads must be an integer in 1..256, got {threads!r}")
         self.lib = load_library()
         self.family = self._choose(family)
         self.threads = threads
-        self.pool = Pool(threads) if threads > 1 else None
+        self.pool = None                  # the Python pool (families without a plan executor)
+        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()     # one plan at a time per pool
         s = self.family
         P, N = c_void_p, c_size_t
         # void gpt2asm_matvec_f32_<isa>(const float *w, const float *x, const float *b, float *y,
         #                               size_t n_in, size_t tile_begin, size_t tile_end);
-        self.matvec_f32 = self._bind(f"gpt2asm_matvec_f32_{s}", [P, P, P, P, N, N, N])
+        self.matvec_f32 = self._bind(self._symbol("matvec_f32"), [P, P, P, P, N, N, N])
         # void gpt2asm_matvec_f16_<isa>(const uint16_t *w, const float *x, const float *b, float *y,
         #                               size_t n_in, size_t tile_begin, size_t tile_end);
-        self.matvec_f16 = self._bind(f"gpt2asm_matvec_f16_{s}", [P, P, P, P, N, N, N])
+        self.matvec_f16 = self._bind(self._symbol("matvec_f16"), [P, P, P, P, N, N, N])
         # void gpt2asm_layernorm_f32_<isa>(const float *x, const float *g, const float *b, float *y, size_t n);
-        self.layernorm_f32 = self._bind(f"gpt2asm_layernorm_f32_{s}", [P, P, P, P, N])
+        self.layernorm_f32 = self._bind(self._symbol("layernorm_f32"), [P, P, P, P, N])
         # void gpt2asm_gelu_f32_<isa>(const float *x, float *y, size_t n);
-        self.gelu_f32 = self._bind(f"gpt2asm_gelu_f32_{s}", [P, P, N])
+        self.gelu_f32 = self._bind(self._symbol("gelu_f32"), [P, P, N])
         # void gpt2asm_expf_f32_<isa>(const float *x, float *y, size_t n);
-        self.expf_f32 = self._bind(f"gpt2asm_expf_f32_{s}", [P, P, N])
+        self.expf_f32 = self._bind(self._symbol("expf_f32"), [P, P, N])
         # void gpt2asm_softmax_f32_<isa>(const float *x, float *y, size_t n);
-        self.softmax_f32 = self._bind(f"gpt2asm_softmax_f32_{s}", [P, P, N])
+        self.softmax_f32 = self._bind(self._symbol("softmax_f32"), [P, P, N])
         # void gpt2asm_attention_f32_<isa>(const float *q, const float *k, const float *v, float *out,
         #                                  float *scratch, size_t n_pos, size_t head_stride,
         #                                  size_t head_begin, size_t head_end);
-        self.attention_f32 = self._bind(f"gpt2asm_attention_f32_{s}", [P, P, P, P, P, N, N, N, N])
+        self.attention_f32 = self._bind(self._symbol("attention_f32"), [P, P, P, P, P, N, N, N, N])
+        # void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
+        self.has_plan = hasattr(self.lib, f"gpt2asm_plan_run_{s}")
+        self.plan_run = self._bind(f"gpt2asm_plan_run_{s}", [P, P, N, N]) if self.has_plan else None
+        self.ctx = _aligned_zeros(POOL_BYTES)                  # pool_t
+        ctx32, ctx64 = self.ctx.view(np.uint32), self.ctx.view(np.uint64)
+        ctx32[CTX_NTHREADS // 4] = threads if self.has_plan else 1
+        ctx64[CTX_SPIN // 8], ctx64[CTX_YIELD // 8] = _spin_ticks(threads)
+        self._ctx32, self._ctx64 = ctx32, ctx64
+        self._ctx_addr = addr(self.ctx)
+        if threads > 1:
+            if self.has_plan:
+                self._start_workers()
+            else:
+                self.pool = Pool(threads)
+        _LIVE.add(self)
+
+    def _symbol(self, op: str) -> str:
+        """gpt2asm_<op>_<family>, or the fallback family's symbol when the family lacks the op."""
+        fam = self.family
+        while not hasattr(self.lib, f"gpt2asm_{op}_{fam}") and fam in FAMILY_FALLBACK:
+            fam = FAMILY_FALLBACK[fam]
+        return f"gpt2asm_{op}_{fam}"
 
     def _choose(self, family):
         """The family to bind (a test harness may override this and _bind, e.g. to emulate)."""
@@ -274,15 +566,68 @@ class Kernels:
         fn.restype = None
         return fn
 
-    def close(self) -> None:
-        if self.pool:
-            self.pool.close()
-            self.pool = None
+    # -- the library's pool ---------------------------------------------------------------------------
 
-    # -- parallel dispatch over prevalidated addresses ------------------------------------------------
+    def _start_workers(self) -> None:
+        # void gpt2asm_worker_<isa>(pool_t *ctx, size_t tid);   returns at gpt2asm_pool_shutdown
+        worker = getattr(self.lib, f"gpt2asm_worker_{self.family}")
+        worker.argtypes, worker.restype = [c_void_p, c_size_t], None
+        # void gpt2asm_pool_shutdown(pool_t *ctx);
+        self._shutdown = self.lib.gpt2asm_pool_shutdown
+        self._shutdown.argtypes, self._shutdown.restype = [c_void_p], None
+        ctx = addr(self.ctx)
+        for tid in range(1, self.threads):
+            t = threading.Thread(target=worker, args=(ctx, tid), daemon=True, name=f"gpt2asm-worker-{tid}")
+            t.start()
+            self._workers.append(t)
+
+    def pool_stats(self) -> dict:
+        """Workers alive, parked right now, and futex waits so far (for tests and benchmarks)."""
+        return {"workers": sum(t.is_alive() for t in self._workers),
+                "parked": int(self._ctx32[CTX_SEQ_SLEEPERS // 4]),
+                "parks": int(self._ctx64[CTX_PARKS // 8]),
+                "plans": int(self._ctx32[CTX_SEQ // 4])}
+
+    def close(self) -> None:
+        """Stop and join the worker threads (idempotent; the object stays usable single-threaded)."""
+        with self._lock:
+            if self._workers:
+                self._shutdown(addr(self.ctx))
+                for t in self._workers:
+                    t.join()
+                self._workers = []
+                self._ctx32[CTX_NTHREADS // 4] = 1
+            if self.pool:
+                self.pool.close()
+                self.pool = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def new_plan(self) -> Plan:
+        if not self.has_plan:
+            raise LibraryError(f"the {self.family} family has no plan executor in this library")
+        return Plan(self)
+
+    def run_plan(self, plan: Plan, job_begin: int = 0, job_end: int | None = None) -> None:
+        """Run jobs [job_begin, job_end) of a built plan with every thread of the pool (one at a time)."""
+        if plan.k is not self or plan.buf is None:
+            raise InvalidArgumentError("run_plan: a built plan of this Kernels object is needed")
+        n = plan.n_jobs
+        if job_end is None:
+            job_end = n
+        if not 0 <= job_begin <= job_end <= n:
+            raise InvalidArgumentError(f"run_plan: jobs [{job_begin}, {job_end}) outside 0..{n}")
+        with self._lock:
+            self.plan_run(self._ctx_addr, plan.addr, job_begin, job_end)
+
+    # -- parallel dispatch over prevalidated addresses (per-call path) --------------------------------
 
     def run(self, fn, args: list[tuple]) -> None:
-        """Run one job: args[i] for thread i (len(args) ≤ threads)."""
+        """Run one job: args[i] for thread i (len(args) ≤ threads); serially without a Python pool."""
         if len(args) == 1 or self.pool is None:
             for a in args:
                 fn(*a)
@@ -292,12 +637,14 @@ class Kernels:
     def matvec_job(self, w: np.ndarray, x: int, b: int | None, y: int, n_in: int, n_tiles: int):
         """(fn, per-thread args) for y = W x + b, tiles split across the threads."""
         fn = self.matvec_f16 if w.dtype == np.float16 else self.matvec_f32
-        return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in split(n_tiles, self.threads)]
+        parts = self.threads if self.pool else 1
+        return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in split(n_tiles, parts)]
 
     def attention_job(self, q: int, k: int, v: int, out: int, scratch: list[int], n_pos: int,
                       head_stride: int, n_head: int):
+        parts = self.threads if self.pool else 1
         return self.attention_f32, [(q, k, v, out, s, n_pos, head_stride, h0, h1)
-                                    for (h0, h1), s in zip(split(n_head, self.threads), scratch)]
+                                    for (h0, h1), s in zip(split(n_head, parts), scratch)]
 
     # -- checked numpy API (tests, tools) --------------------------------------------------------------
 
@@ -312,7 +659,12 @@ class Kernels:
         px = check(x, "x", np.float32, n_in)
         pb = None if b is None else check(b, "b", np.float32, n_tiles * TILE)
         y = np.empty(n_tiles * TILE, np.float32)
-        self.run(*self.matvec_job(w, px, pb, addr(y), n_in, n_tiles))
+        if self.has_plan:
+            p = Plan(self)
+            p.matvec(w, x, b, y)
+            self.run_plan(p.build())
+        else:
+            self.run(*self.matvec_job(w, px, pb, addr(y), n_in, n_tiles))
         return y
 
     def _unary(self, fn, x: np.ndarray, name: str) -> np.ndarray:
@@ -351,11 +703,28 @@ class Kernels:
         if v.shape != k.shape:
             raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
         check(q, "q", np.float32, n_head * HEAD_DIM)
-        if not isinstance(n_pos, (int, np.integer)) or not 1 <= n_pos <= n_ctx:
+        if isinstance(n_pos, bool) or not isinstance(n_pos, (int, np.integer)) or not 1 <= n_pos <= n_ctx:
             raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {n_pos!r}")
         out = np.empty(n_head * HEAD_DIM, np.float32)
+        if self.has_plan:
+            p = Plan(self)
+            p.attention(q, k, v, out, int(n_pos))
+            self.run_plan(p.build())
+            return out
         scratch = [np.empty(-(-n_pos // 16) * 16, np.float32) for _ in range(self.threads)]
         self.run(*self.attention_job(addr(q), addr(k), addr(v), addr(out), [addr(s) for s in scratch],
                                      int(n_pos), n_ctx * HEAD_DIM, n_head))
         return out
 
+
+_LIVE: "weakref.WeakSet[Kernels]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Join the library's worker threads before the interpreter frees what they point at."""
+    for k in list(_LIVE):
+        try:
+            k.close()
+        except Exception:
+            pass

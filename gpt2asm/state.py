@@ -2,6 +2,9 @@
 
 KV cache layout (docs/kernels.md, attention): k, v [n_layer][n_head][n_ctx][64] float32 — each head's
 keys and values contiguous, so attention streams them in position order.
+
+The step plan (model.Transformer.build_plan) holds the addresses of these arrays: they are allocated
+once here and only ever written in place (restore() copies into them), never replaced.
 """
 from __future__ import annotations
 
@@ -34,8 +37,11 @@ class State:
         self.proj = zeros(padded(C))                # c_proj output, added to x
         self.fc = zeros(padded(4 * C))              # MLP hidden
         self.logits = zeros(padded(cfg.vocab_size))  # [vocab padded to 64]
-        self.scratch = [zeros(-(-T // 16) * 16) for _ in range(threads)]  # attention scores
+        self.logits_view = self.logits[:cfg.vocab_size]
+        self.scratch = [zeros(-(-T // 16) * 16) for _ in range(threads)]  # attention scores (reference path)
         self.n = 0                                          # positions held in the cache
+        self.plan = None                                    # the step plan over these buffers (model.py),
+        self.plan_owner = None                              # built by this Transformer on first use
 
     def reset(self) -> None:
         self.n = 0

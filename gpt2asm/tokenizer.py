@@ -45,6 +45,8 @@ BYTE_TABLE = [BYTE_ENCODER[b] for b in range(256)]          # list[str], indexed
 
 def _read_text(path: Path, what: str) -> str:
     try:
+        if path.exists() and not path.is_file():     # a directory, FIFO (would block) or device
+            raise TokenizerError(f"{what} {path} is not a regular file")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TokenizerError(f"{what} not found: {path}") from None
@@ -54,11 +56,17 @@ def _read_text(path: Path, what: str) -> str:
         raise TokenizerError(f"cannot read {what} {path}: {e}") from None
 
 
+def _short(v, limit: int = 80) -> str:
+    """repr of a value cut short: a damaged file may hold anything, of any size."""
+    r = v if isinstance(v, str) and limit > 80 else repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     d = {}
     for k, v in pairs:
         if k in d:
-            raise ValueError(f"duplicate key {k!r}")
+            raise ValueError(f"duplicate key {_short(k)}")
         d[k] = v
     return d
 
@@ -68,20 +76,20 @@ def load_vocab(path: str | os.PathLike) -> dict[str, int]:
     path = Path(path)
     try:
         vocab = json.loads(_read_text(path, "vocab file"), object_pairs_hook=_no_duplicate_keys)
-    except ValueError as e:
-        raise TokenizerError(f"vocab file {path} is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:        # JSONDecodeError, duplicate keys, deep nesting
+        raise TokenizerError(f"vocab file {path} is not valid JSON: {_short(str(e), 200)}") from None
     if not isinstance(vocab, dict) or not vocab:
         raise TokenizerError(f"vocab file {path} must hold a non-empty JSON object token -> id")
     seen: dict[int, str] = {}
     for tok, i in vocab.items():
         if type(i) is not int:
-            raise TokenizerError(f"vocab file {path}: id of {tok!r} is {i!r}, not an integer")
+            raise TokenizerError(f"vocab file {path}: id of {_short(tok)} is {_short(i)}, not an integer")
         if i in seen:
-            raise TokenizerError(f"vocab file {path}: id {i} is used by both {seen[i]!r} and {tok!r}")
+            raise TokenizerError(f"vocab file {path}: id {i} is used by both {_short(seen[i])} and {_short(tok)}")
         if not 0 <= i < len(vocab):
-            raise TokenizerError(f"vocab file {path}: id {i} of {tok!r} is outside 0..{len(vocab) - 1}")
+            raise TokenizerError(f"vocab file {path}: id {_short(i)} of {_short(tok)} is outside 0..{len(vocab) - 1}")
         if not tok or any(c not in BYTE_DECODER for c in tok):
-            raise TokenizerError(f"vocab file {path}: token {tok!r} is not a byte-level BPE token")
+            raise TokenizerError(f"vocab file {path}: token {_short(tok)} is not a byte-level BPE token")
         seen[i] = tok
     missing = [b for b in range(256) if BYTE_ENCODER[b] not in vocab]
     if missing:
@@ -104,10 +112,10 @@ def load_merges(path: str | os.PathLike, vocab: dict[str, int]) -> list[tuple[st
             continue
         parts = line.split(" ")
         if len(parts) != 2 or not parts[0] or not parts[1]:
-            raise TokenizerError(f"merges file {path}, line {lineno}: expected 'left right', got {line!r}")
+            raise TokenizerError(f"merges file {path}, line {lineno}: expected 'left right', got {_short(line)}")
         for tok in (parts[0], parts[1], parts[0] + parts[1]):
             if tok not in vocab:
-                raise TokenizerError(f"merges file {path}, line {lineno}: {tok!r} is not in the vocab")
+                raise TokenizerError(f"merges file {path}, line {lineno}: {_short(tok)} is not in the vocab")
         merges.append((parts[0], parts[1]))
     return merges
 

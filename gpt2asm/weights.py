@@ -23,6 +23,7 @@ import json
 import math
 import mmap
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +48,8 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0":
 _NUMPY_DTYPE = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 _ENGINE_DTYPES = {"f32": np.float32, "f16": np.float16}
 
-_IGNORED_RE = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")   # causal-mask buffers, not weights
-_BLOCK_RE = re.compile(r"^h\.(\d+)\.")
+_IGNORED_RE = re.compile(r"^h\.\d{1,9}\.attn\.(bias|masked_bias)$")   # causal-mask buffers, not weights
+_BLOCK_RE = re.compile(r"^h\.(\d{1,9})\.")                              # (longer numbers: not a block)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -171,6 +172,12 @@ def _no_duplicates(pairs):
     return seen
 
 
+def _short(v, limit: int = 80) -> str:
+    """repr of a header value cut short: a damaged header may hold anything, of any size."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -182,9 +189,14 @@ class SafetensorsFile:
         self.path = Path(path)
         p = self.path
         try:
-            size = p.stat().st_size
+            st = p.stat()
         except FileNotFoundError:
             raise ModelNotFoundError(f"{p}: file not found") from None
+        except OSError as e:
+            raise CheckpointError(f"{p}: cannot read the file: {e}") from None
+        if not stat.S_ISREG(st.st_mode):           # a directory, FIFO or device: never open (a FIFO blocks)
+            raise CheckpointError(f"{p}: not a regular file")
+        size = st.st_size
         if size == 0:
             raise CheckpointError(f"{p}: file is empty")
         if size < 8:
@@ -219,28 +231,29 @@ class SafetensorsFile:
         try:
             header = json.loads(text, object_pairs_hook=_no_duplicates)
         except _DuplicateKey as e:
-            raise CheckpointError(f"{p}: duplicate tensor name {e.args[0]!r} in the header") from None
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{p}: header is not valid JSON ({e}); not a safetensors file?") from None
+            raise CheckpointError(f"{p}: duplicate tensor name {_short(e.args[0])} in the header") from None
+        except (ValueError, RecursionError) as e:   # JSONDecodeError, integers too long, nesting too deep
+            raise CheckpointError(f"{p}: header is not valid JSON ({type(e).__name__}: {_short(str(e), 200)}); "
+                                  f"not a safetensors file?") from None
         if not isinstance(header, dict):
             raise CheckpointError(f"{p}: header must be a JSON object, got {type(header).__name__}")
         return header
 
     def _parse_entry(self, name: str, info) -> TensorEntry:
-        where = f"{self.path}: tensor {name!r}"
+        where = f"{self.path}: tensor {_short(name)}"
         if not isinstance(info, dict):
             raise CheckpointError(f"{where}: header entry must be an object, got {type(info).__name__}")
         missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
         if missing:
             raise CheckpointError(f"{where}: header entry lacks {', '.join(missing)}")
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in _ITEMSIZE:
-            raise CheckpointError(f"{where}: unknown dtype {dtype!r}")
+        if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
+            raise CheckpointError(f"{where}: unknown dtype {_short(dtype)}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+            raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {_short(shape)}")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(_is_int(o) and o >= 0 for o in offsets)):
-            raise CheckpointError(f"{where}: data_offsets must be two non-negative integers, got {offsets!r}")
+            raise CheckpointError(f"{where}: data_offsets must be two non-negative integers, got {_short(offsets)}")
         begin, end = offsets
         if end < begin:
             raise CheckpointError(f"{where}: data_offsets end {end} < begin {begin}")
@@ -257,7 +270,7 @@ class SafetensorsFile:
         spans = sorted((e.begin, e.end, e.name) for e in self.entries.values() if e.end > e.begin)
         for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
             if b1 < e0:
-                raise CheckpointError(f"{self.path}: tensors {n0!r} [{b0}, {e0}] and {n1!r} [{b1}, {e1}] overlap")
+                raise CheckpointError(f"{self.path}: tensors {_short(n0)} [{b0}, {e0}] and {_short(n1)} [{b1}, {e1}] overlap")
 
     def raw(self, name: str) -> np.ndarray:
         """Zero-copy read-only view of a F32/F16/BF16 tensor (BF16 as uint16 bits) in its stored shape."""
@@ -337,7 +350,7 @@ def _expected_shapes(cfg: GPT2Config) -> dict:
 def _listing(names, limit: int = 5) -> str:
     names = list(names)
     more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
+    return ", ".join(n if len(n) <= 80 else n[:80] + "..." for n in names[:limit]) + more
 
 
 def _resolve(path) -> tuple[Path, Path | None]:
@@ -372,8 +385,8 @@ class _Loader:
         for stored in self.st.entries:
             bare = stored[len("transformer."):] if stored.startswith("transformer.") else stored
             if bare in names:
-                raise CheckpointError(f"{self.where}: tensor {bare!r} is stored twice "
-                                      f"(as {names[bare]!r} and {stored!r})")
+                raise CheckpointError(f"{self.where}: tensor {_short(bare)} is stored twice "
+                                      f"(as {_short(names[bare])} and {_short(stored)})")
             names[bare] = stored
         return names
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -16,7 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def pytest_sessionstart(session):
-    """Build the library once if it is missing or stale, before any test imports it."""
+    """Build the library once if it is missing or stale, before any test imports it.  Tile caches of the
+    test checkpoints go to a per-run folder, not the user's ~/.cache."""
+    if "GPT2ASM_CACHE" not in os.environ:
+        os.environ["GPT2ASM_CACHE"] = tempfile.mkdtemp(prefix="gpt2asm-test-cache-")
     if subprocess.run([sys.executable, str(ROOT / "build.py"), "--check"], capture_output=True).returncode:
         subprocess.run([sys.executable, str(ROOT / "build.py"), "-q"], check=True)
 

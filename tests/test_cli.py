@@ -18,6 +18,9 @@ STATS = re.compile(r"^\[gpt2asm\] (\d+) prompt \+ (\d+) generated tokens, [\d.]+
 def cli(*args, env=None, cwd=ROOT):
     e = dict(os.environ)
     e.pop("GPT2ASM_MODEL", None)
+    # never the network, never a model from this machine's caches (tests/test_hub.py covers those)
+    e.update(HF_HUB_OFFLINE="1", HF_HOME=str(ROOT / ".cache" / "no-hf-home"),
+             GPT2ASM_CACHE=str(ROOT / ".cache" / "no-gpt2asm-cache"))
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "gpt2asm", *args], capture_output=True, text=True,
                           env=e, cwd=cwd, timeout=300)

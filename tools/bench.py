@@ -1,36 +1,60 @@
 #!/usr/bin/env python3
-"""make bench: decode speed per kernel family x dtype x -j, beside PyTorch and the bandwidth bound.
+"""make bench: one table from one run -- gpt2asm per kernel family x dtype x -j, beside the machine's read
+bandwidth bound, PyTorch and llama.cpp, all measured in this run.
 
-All figures come from this one run (shared 2-core machines vary between runs: compare ratios).
-    python tools/bench.py --model DIR [--tokens 200] [--threads 1,2] [--no-torch] [--out results/bench.md]
+    python tools/bench.py --model DIR [--quick] [--threads 1,2] [--isa avx2,avx512] [--dtypes f32,f16,q8]
+                          [--no-torch] [--no-llamacpp] [--repeat N] [--out results/bench.md]
+
+Every figure runs in its own fresh Python process (tools/bench.py --worker SPEC), one after the other, so
+the measurements neither share memory nor threads. The machine is shared: compare ratios, not figures
+from different runs. Columns:
+
+    tok/s @200     greedy decode after a 9-token prompt, tokens 2..200 (the first one is the prompt's)
+    tok/s @800     the same generation continued: the 64 tokens ending at position 800
+    TTFT 512       seconds from a 512-token prompt to its first generated token
+    start-up       seconds to the first forward step (weights, kernels, tokenizer, model; not the imports):
+                   cold = no tile cache (weights.load_weights), warm = tiles mapped from the tile cache
+    bound          read bandwidth at -j N (our streaming-read kernel over 1 GiB, the best of the runs at
+                   the start and the end) / bytes of weight matrices per token
+    llama.cpp      llama-bench -n 128 -p 0 (decode) and -n 0 -p 512 (prefill), same checkpoint as GGUF F32 /
+                   F16 / Q8_0 (`make llamacpp` builds it; skipped when absent)
+    PyTorch        transformers GPT2LMHeadModel, fp32, torch.set_num_threads(N): generate() 200 tokens, and
+                   one forward over 512 tokens for TTFT
+Results go to results/bench.md and results/bench.json.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
+import json
 import os
 import platform
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-from gpt2asm import GPT2  # noqa: E402
-from gpt2asm.kernels import available_families, load_library  # noqa: E402
-from gpt2asm.weights import aligned_empty  # noqa: E402
+sys.path.insert(0, str(ROOT / "tools"))
 
 PROMPT = "Alan Turing theorized that computers would one day become"
+LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8": "Q8_0"}
+WORKER_TIMEOUT = 1200
 
 
-def read_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> float:
-    """GB/s of one streaming read of a 1 GiB buffer split over `threads` threads (our read kernel)."""
-    lib = load_library()
-    fn = lib.gpt2asm_readbw_f32_avx2
+# ==================================================================================================
+# workers (each runs in a fresh process)
+
+def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
+    """GB/s of a streaming read of a 1 GiB buffer split over `threads` threads (our read kernel)."""
+    import ctypes
+    import threading
+
+    import numpy as np
+
+    from gpt2asm.kernels import load_library
+    from gpt2asm.weights import aligned_empty
+    fn = load_library().gpt2asm_readbw_f32_avx2
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
     buf = aligned_empty(nbytes // 4, np.float32)
     buf[:] = 1.0
@@ -45,83 +69,410 @@ def read_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> float:
         for t in ts:
             t.join()
         best = max(best, n * 4 * threads / (time.perf_counter() - t0) / 1e9)
-    return best
+    return {"gbps": best}
 
 
-def weight_bytes(m: GPT2) -> int:
+def _build(model: Path, dtype: str, isa, threads: int, cache: str):
+    """(GPT2, seconds to the first forward step, detail): the tile cache per `cache` ('cold': none,
+    'warm': tilecache), or GPT2.load for a dtype the tile cache does not know."""
+    from gpt2asm import tilecache
+    from gpt2asm.engine import DTYPES, GPT2
+    from gpt2asm.kernels import Kernels
+    from gpt2asm.model import Transformer
+    from gpt2asm.tokenizer import Tokenizer
+    from gpt2asm.weights import load_weights
+    t0 = time.perf_counter()
+    dt = DTYPES.get(dtype, dtype)
+    if tilecache._layout(dt) is None:
+        m = GPT2.load(model, dtype=dtype, isa=isa, threads=threads)
+        return m, time.perf_counter() - t0, {"how": "GPT2.load"}
+    k = Kernels(isa, threads)
+    t1 = time.perf_counter()
+    if cache == "cold":
+        w, how = load_weights(model, dt), "load_weights"
+    else:
+        w, info = tilecache.load_weights_info(model, dt)
+        how = f"tilecache {info.status}" + (f" ({info.reason})" if info.reason else "")
+    t2 = time.perf_counter()
+    tok = Tokenizer.from_dir(model)
+    t3 = time.perf_counter()
+    m = GPT2(Transformer(w, k), tok, model)
+    t4 = time.perf_counter()
+    return m, t4 - t0, {"how": how, "weights_s": t2 - t1, "tokenizer_s": t3 - t2, "kernels_s": t1 - t0,
+                        "model_s": t4 - t3}
+
+
+def w_startup(model: str, dtype: str, cache: str) -> dict:
+    t0 = time.perf_counter()
+    import numpy  # noqa: F401
+    import gpt2asm.engine  # noqa: F401
+    imports = time.perf_counter() - t0
+    m, secs, detail = _build(Path(model), dtype, None, 1, cache)
+    st = m.model.new_state()
+    t0 = time.perf_counter()
+    m.model.step(st, 0)
+    first = time.perf_counter() - t0
+    m.close()
+    return {"seconds": secs, "first_step_s": first, "imports_s": imports, **detail}
+
+
+def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_len: int, cache: str) -> dict:
+    import numpy as np
+    m, load_s, detail = _build(Path(model), dtype, isa, threads, cache)
     w = m.model.w
     mats = [w.head_w] + [a for L in w.layers for a in (L.attn_w, L.attn_proj_w, L.fc_w, L.proj_w)]
-    return sum(a.nbytes for a in mats)
-
-
-def ours(model_dir: Path, isa: str, dtype: str, threads: int, tokens: int) -> tuple[float, int]:
-    m = GPT2.load(model_dir, dtype=dtype, isa=isa, threads=threads)
-    stats: dict = {}
-    for _ in m.generate_ids(m.encode(PROMPT), tokens, temperature=0, stats=stats):
-        pass
-    nb = weight_bytes(m)
+    scales = [getattr(L, n) for L in w.layers for n in vars(L) if "scale" in n and getattr(L, n) is not None]
+    nbytes = sum(a.nbytes for a in mats) + sum(getattr(a, "nbytes", 0) for a in scales)
+    out = {"weight_bytes": nbytes, "load_s": load_s, **detail}
+    # decode: one greedy generation to max(tokens), a timestamp per token
+    n = max(tokens)
+    ids = m.encode(PROMPT)
+    stamps = []
+    for _ in m.generate_ids(ids, n, temperature=0):
+        stamps.append(time.perf_counter())
+    pos0 = len(ids)                                   # position of the first generated token's step
+    for t in tokens:
+        g = t - pos0                                  # generated tokens up to position t
+        if g < 2 or g > len(stamps):
+            continue
+        if t == min(tokens):                          # from the start: comparable to llama-bench tg
+            out[f"tok_s_{t}"] = (g - 1) / (stamps[g - 1] - stamps[0])
+        else:                                         # the local rate at position t
+            a = max(1, g - 64)
+            out[f"tok_s_{t}"] = (g - a) / (stamps[g - 1] - stamps[a - 1])
+    # time to first token for a prompt of prompt_len tokens
+    if prompt_len:
+        rng = np.random.default_rng(0)
+        pids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, prompt_len)]
+        t0 = time.perf_counter()
+        next(iter(m.generate_ids(pids, 1, temperature=0)))
+        out["ttft_s"] = time.perf_counter() - t0
+        out["prompt_len"] = prompt_len
     m.close()
-    return (stats["generated"] - 1) / stats["decode_s"], nb
+    return out
 
 
-def pytorch(model_dir: Path, threads: int, tokens: int) -> float | None:
+def w_torch(model: str, threads: int, tokens: int, prompt_len: int) -> dict:
     try:
+        import numpy as np
         import torch
         from transformers import GPT2LMHeadModel
-    except ImportError:
-        return None
+    except ImportError as e:
+        return {"error": f"not installed ({e})"}
+    from gpt2asm.tokenizer import Tokenizer
     torch.set_num_threads(threads)
-    ref = GPT2LMHeadModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    ids = torch.tensor([GPT2.load(model_dir).encode(PROMPT)])
+    ref = GPT2LMHeadModel.from_pretrained(model, dtype=torch.float32).eval()
+    ids = torch.tensor([Tokenizer.from_dir(model).encode(PROMPT)])
+    out = {"version": torch.__version__, "threads": threads}
     with torch.no_grad():
         ref.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=50256)   # warm-up
         t0 = time.perf_counter()
-        out = ref.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+        res = ref.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
                            pad_token_id=50256, attention_mask=torch.ones_like(ids))
-        dt = time.perf_counter() - t0
-    return (out.shape[1] - ids.shape[1]) / dt
+        out["tok_s"] = (res.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)
+        if prompt_len:
+            rng = np.random.default_rng(0)
+            p = torch.tensor([rng.integers(0, ref.config.vocab_size - 1, prompt_len)])
+            ref(p[:, :16])
+            best = None
+            for _ in range(2):
+                t0 = time.perf_counter()
+                int(ref(p).logits[0, -1].argmax())
+                dt = time.perf_counter() - t0
+                best = dt if best is None else min(best, dt)
+            out["ttft_s"] = best
+    return out
+
+
+WORKERS = {"readbw": w_readbw, "startup": w_startup, "ours": w_ours, "torch": w_torch}
+
+
+def worker_main(spec: str) -> int:
+    s = json.loads(spec)
+    kind = s.pop("kind")
+    try:
+        res = WORKERS[kind](**s)
+    except Exception as e:                             # reported in the table, never fatal
+        res = {"error": f"{type(e).__name__}: {e}"}
+    print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+# ==================================================================================================
+# orchestration
+
+def spawn(kind: str, env: dict | None = None, **spec) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps({"kind": kind, **spec})]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT,
+                           env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {WORKER_TIMEOUT} s"}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": f"worker exited {p.returncode}: {(p.stderr or p.stdout).strip()[-400:]}"}
+
+
+def best(runs: list[dict], key: str, lower: bool = False):
+    vals = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+    if not vals:
+        return None
+    return min(vals) if lower else max(vals)
+
+
+def fmt(x, spec=".1f", none="–"):
+    return none if x is None else format(x, spec)
+
+
+def ratio(a, b, spec=".2f", suffix="x"):
+    return "–" if a is None or b is None or not b else f"{a / b:{spec}}{suffix}"
+
+
+def pct(a, b):
+    return "–" if a is None or b is None or not b else f"{a / b:.0%}"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def q8_supported() -> bool:
+    from gpt2asm.engine import DTYPES
+    return "q8" in DTYPES
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help="checkpoint directory")
+    ap.add_argument("--quick", action="store_true",
+                    help="a short run (~2-3 min): 200 tokens only, 128-token TTFT, one llama-bench repetition")
+    ap.add_argument("--tokens", default=None, help="decode positions to report (default 200,800; quick 200)")
+    ap.add_argument("--prompt", type=int, default=None, help="TTFT prompt length (default 512; quick 128)")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--isa", default=None, help="kernel families (default: every one this CPU has)")
+    ap.add_argument("--dtypes", default=None, help="default f32,f16 and q8 when the engine has it")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each of our rows; the best is kept")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--no-startup", action="store_true")
+    ap.add_argument("--llama-reps", type=int, default=None, help="llama-bench -r (default 3; quick 1)")
+    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                    help="weights for our decode rows: mapped from the tile cache (default) or tiled in memory")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench.md"))
     a = ap.parse_args(argv)
-    d = Path(a.model)
+    if a.worker:
+        return worker_main(a.worker)
+    if not a.model:
+        ap.error("--model DIR is required")
+
+    from gpt2asm.kernels import available_families
+    d = Path(a.model).resolve()
+    tokens = [int(t) for t in (a.tokens or ("200" if a.quick else "200,800")).split(",")]
+    prompt_len = a.prompt if a.prompt is not None else (128 if a.quick else 512)
     threads = [int(t) for t in a.threads.split(",")]
-    fams = available_families()
-    lines = [f"# gpt2asm bench — {time.strftime('%Y-%m-%d %H:%M')} — {platform.machine()}, "
-             f"{os.cpu_count()} cores, families {', '.join(fams)}",
-             f"model {d}, greedy, {a.tokens} generated tokens after a {len(PROMPT.split())}-word prompt", ""]
-    bw = {j: read_bandwidth(j) for j in threads}
-    lines.append("read bandwidth (our streaming-read kernel, 1 GiB): "
-                 + ", ".join(f"{bw[j]:.1f} GB/s at -j {j}" for j in threads))
-    torch_rate = {} if a.no_torch else {j: pytorch(d, j, a.tokens) for j in threads}
-    lines += ["", "| kernels | dtype | -j | tok/s | bound tok/s | ours/bound | PyTorch fp32 tok/s | ours/PyTorch |",
-              "|---|---|---|---|---|---|---|---|"]
-    print("\n".join(lines), flush=True)
+    fams = a.isa.split(",") if a.isa else available_families()
+    q8 = q8_supported()
+    dtypes = a.dtypes.split(",") if a.dtypes else ["f32", "f16"] + (["q8"] if q8 else [])
+    reps = a.llama_reps if a.llama_reps is not None else (1 if a.quick else 3)
+    t_start = time.time()
+    phases: dict = {}
+
+    def say(msg):
+        now = time.time()
+        if phases:
+            last = list(phases)[-1]
+            phases[last] = round(now - phases[last], 1)
+        phases[msg] = now
+        print(f"[bench] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(), "cpu": cpu_name(),
+                 "cores": os.cpu_count(), "families": fams, "model": str(d), "tokens": tokens,
+                 "prompt_len": prompt_len, "threads": threads, "dtypes": dtypes, "q8_in_engine": q8,
+                 "decode_weights": a.cache}
+
+    say("read bandwidth")
+    bw = {j: [spawn("readbw", threads=j)] for j in threads}
+
+    startup = {}
+    if not a.no_startup:
+        for dt in dtypes:
+            say(f"start-up {dt}")
+            spawn("startup", model=str(d), dtype=dt, cache="warm")           # make sure the cache exists
+            startup[dt] = {c: [spawn("startup", model=str(d), dtype=dt, cache=c) for _ in range(2)]
+                           for c in ("cold", "warm")}
+    elif a.cache == "warm":
+        for dt in dtypes:
+            spawn("startup", model=str(d), dtype=dt, cache="warm")
+
+    rows = []
     for fam in fams:
-        for dtype in ("f32", "f16"):
+        for dt in dtypes:
             for j in threads:
-                rate, nb = ours(d, fam, dtype, j, a.tokens)
-                bound = bw[j] * 1e9 / nb
-                pt = torch_rate.get(j)
-                row = (f"| {fam} | {dtype} | {j} | {rate:.1f} | {bound:.1f} | {rate / bound:.0%} | "
-                       f"{pt:.1f} | {rate / pt:.2f}x |" if pt else
-                       f"| {fam} | {dtype} | {j} | {rate:.1f} | {bound:.1f} | {rate / bound:.0%} | – | – |")
-                lines.append(row)
-                print(row, flush=True)
-    lines.append("")
-    lines.append("bound = read bandwidth / bytes of weight matrices streamed per token "
-                 "(fp32 ≈ 498 MB, fp16 half of it for 124M).")
+                say(f"ours {fam} {dt} -j {j}")
+                runs = [spawn("ours", model=str(d), dtype=dt, isa=fam, threads=j, tokens=tokens,
+                              prompt_len=prompt_len, cache=a.cache) for _ in range(max(1, a.repeat))]
+                rows.append({"isa": fam, "dtype": dt, "threads": j, "runs": runs})
+
+    torch_res = {}
+    if not a.no_torch:
+        for j in threads:
+            say(f"PyTorch -j {j}")
+            torch_res[j] = spawn("torch", model=str(d), threads=j, tokens=min(tokens), prompt_len=prompt_len)
+
+    llama = None
+    llama_note = "skipped (--no-llamacpp)"
+    if not a.no_llamacpp:
+        import llamacpp
+        st = llamacpp.status(d)
+        if not st["llama-bench"]:
+            llama_note = "not built: run `make llamacpp`"
+        elif not any(st["gguf"].values()):
+            llama_note = f"no GGUF of {d}: run `make llamacpp MODEL={a.model}`"
+        else:
+            say("llama.cpp")
+            try:                                      # every type, Q8_0 too: the int8 target before we have q8
+                llama = llamacpp.bench(d, threads, n_gen=128, n_prompt=prompt_len, reps=reps)
+                llama_note = f"llama-cpp-python {llamacpp.VERSION} sdist, llama-bench -r {reps}"
+            except Exception as e:
+                llama_note = f"failed: {type(e).__name__}: {e}"
+
+    say("read bandwidth (again)")
+    for j in threads:
+        bw[j].append(spawn("readbw", threads=j))
+    say("done")
+    phases.pop("done")
+
+    # ---------------------------------------------------------------------------------------------
+    gbps = {j: best(bw[j], "gbps") for j in threads}
+    res["phase_seconds"] = phases
+    res["read_gbps"] = {j: [r.get("gbps") for r in bw[j]] for j in threads}
+    res["startup"] = startup
+    res["torch"] = torch_res
+    res["llamacpp"] = {"note": llama_note, "rows": llama}
+    def lrow(typ, j, test):
+        return next((r for r in (llama or []) if (r["type"], r["threads"], r["test"]) == (typ, j, test)), None)
+
+    t200, t800 = min(tokens), (max(tokens) if len(tokens) > 1 else None)
+    hdr = ["kernels", "dtype", "-j", f"tok/s @{t200}"]
+    hdr += [f"tok/s @{t800}", f"@{t800}/@{t200}"] if t800 else []
+    hdr += [
+        f"TTFT {prompt_len} s", "start-up cold / warm s (weights only)", "bound tok/s", "ours/bound",
+        "llama.cpp tok/s", "ours/llama.cpp", f"llama.cpp TTFT {prompt_len} s",
+        "PyTorch tok/s", "ours/PyTorch", f"PyTorch TTFT {prompt_len} s"]
+    table = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for r in rows:
+        runs, j, dt = r["runs"], r["threads"], r["dtype"]
+        errs = [x["error"] for x in runs if "error" in x]
+        rate = best(runs, f"tok_s_{t200}")
+        rate8 = best(runs, f"tok_s_{t800}") if t800 else None
+        ttft = best(runs, "ttft_s", lower=True)
+        nb = best(runs, "weight_bytes")
+        bound = gbps[j] * 1e9 / nb if gbps.get(j) and nb else None
+        su = startup.get(dt, {})
+        c_run, w_run = (_fastest(su.get(k, [])) for k in ("cold", "warm"))
+        cold, warm = c_run.get("seconds"), w_run.get("seconds")
+        wcold, wwarm = c_run.get("weights_s"), w_run.get("weights_s")
+        lt = lrow(LLAMA_TYPE.get(dt), j, "tg128")
+        lp = lrow(LLAMA_TYPE.get(dt), j, f"pp{prompt_len}")
+        pt = torch_res.get(j, {})
+        r.update(tok_s=rate, tok_s_800=rate8, ttft_s=ttft, weight_bytes=nb, bound=bound,
+                 llama_tok_s=lt and lt["tok_s"], llama_ttft_s=lp and prompt_len / lp["tok_s"])
+        cells = [r["isa"], dt + (" (error)" if errs else ""), str(j), fmt(rate)]
+        if t800:
+            cells += [fmt(rate8), pct(rate8, rate)]
+        start = f"{fmt(cold, '.2f')} / {fmt(warm, '.2f')} ({fmt(wcold, '.2f')} / {fmt(wwarm, '.3f')})"
+        cells += [fmt(ttft, ".2f"), start, fmt(bound), pct(rate, bound),
+                  f"{fmt(lt and lt['tok_s'])} ({LLAMA_TYPE.get(dt)})" if lt else "–",
+                  ratio(rate, lt and lt["tok_s"]), fmt(r["llama_ttft_s"], ".2f"),
+                  fmt(pt.get("tok_s")) if dt == "f32" else f"{fmt(pt.get('tok_s'))} (fp32)",
+                  ratio(rate, pt.get("tok_s")), fmt(pt.get("ttft_s"), ".2f")]
+        table.append("| " + " | ".join(cells) + " |")
+    res["rows"] = rows
+
+    lines = [f"# gpt2asm bench — {res['date']}", "",
+             f"{res['cpu']}, {platform.machine()}, {os.cpu_count()} cores, kernel families {', '.join(fams)}; "
+             f"model `{d}`" + (" (random-init)" if _random_init(d) else "") + "; one run of `tools/bench.py`"
+             + (" --quick" if a.quick else "") + f", {time.time() - t_start:.0f} s. The machine may be shared: "
+             "compare ratios within this table.", "",
+             "read bandwidth (our streaming-read kernel, 1 GiB, start / end of the run): "
+             + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gbps')) for x in bw[j])} GB/s" for j in threads), ""]
+    lines += table
+    lines += ["", f"- tok/s @{t200}: greedy decode of tokens 2..{t200} after a 9-token prompt"
+              + (f"; @{t800}: the 64 tokens ending at position {t800} of the same generation" if t800 else "")
+              + f"; TTFT: a {prompt_len}-token prompt to its first token; best of {max(1, a.repeat)} run(s); "
+              f"decode weights {'mapped from the tile cache' if a.cache == 'warm' else 'tiled in memory'}.",
+              "- start-up: to the first forward step in a fresh process (weights + kernels + tokenizer + model), "
+              "cold = weights.load_weights, warm = gpt2asm.tilecache (tiles mapped); best of 2.",
+              "- bound = read bandwidth at -j N / bytes of weight matrices per token ("
+              + ", ".join(f"{r['dtype']} {r['weight_bytes'] / 1e6:.0f} MB" for r in _uniq(rows)) + ").",
+              f"- llama.cpp: {llama_note}; tg128 = `-n 128 -p 0`, TTFT = {prompt_len} / pp{prompt_len} "
+              f"(`-n 0 -p {prompt_len}`), same thread count; q8 compares with Q8_0.",
+              "- PyTorch: " + ((", ".join(f"-j {j}: {v.get('error') or 'torch ' + v.get('version', '?')}"
+                                          for j, v in torch_res.items())
+                                + f"; transformers fp32 generate() of {t200} tokens; TTFT = one forward over "
+                                f"{prompt_len} tokens.") if torch_res else "skipped (--no-torch)."),
+              "- q8: " + ("measured" if "q8" in dtypes else
+                          "the engine has no dtype='q8' yet (gpt2asm.engine.DTYPES): skipped")]
+    for dt, su in startup.items():
+        w, c = _fastest(su.get("warm", [])), _fastest(su.get("cold", []))
+        lines.append(f"- start-up {dt}: cold {_detail(c)}; warm {_detail(w)}")
+    errors = [f"{r['isa']} {r['dtype']} -j {r['threads']}: {x['error']}"
+              for r in rows for x in r["runs"] if "error" in x]
+    if errors:
+        lines += ["", "errors:"] + [f"- {e}" for e in errors]
+    if llama:
+        lines += ["", "llama.cpp rows (llama-bench -o json):", "",
+                  "| type | -t | test | tok/s | ± |", "|---|---|---|---|---|"]
+        lines += [f"| {r['type']} | {r['threads']} | {r['test']} | {r['tok_s']:.1f} | {r['tok_s_sd']:.1f} |"
+                  for r in llama]
+    text = "\n".join(lines) + "\n"
+    print(text)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"\nwritten to {out}")
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    print(f"written to {out} and {out.with_suffix('.json')}")
     return 0
+
+
+def _fastest(runs: list) -> dict:
+    ok = [r for r in runs if isinstance(r.get("seconds"), (int, float))]
+    return min(ok, key=lambda r: r["seconds"]) if ok else (runs[0] if runs else {})
+
+
+def _uniq(rows):
+    seen = {}
+    for r in rows:
+        if r.get("weight_bytes") and r["dtype"] not in seen:
+            seen[r["dtype"]] = r
+    return list(seen.values())
+
+
+def _detail(s: dict) -> str:
+    if not s:
+        return "–"
+    if "error" in s:
+        return s["error"]
+    parts = [f"{s['seconds']:.2f} s"]
+    for k, name in (("weights_s", "weights"), ("tokenizer_s", "tokenizer"), ("first_step_s", "first step"),
+                    ("imports_s", "imports")):
+        if k in s:
+            parts.append(f"{name} {s[k]:.2f}")
+    return " ".join(parts[:1]) + " (" + ", ".join(parts[1:]) + f"; {s.get('how', '')})"
+
+
+def _random_init(d: Path) -> bool:
+    try:
+        return bool(json.loads((d / "config.json").read_text()).get("gpt2asm_random_init"))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

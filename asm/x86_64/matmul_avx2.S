@@ -1,0 +1,452 @@
+/*
+ * asm/x86_64/matmul_avx2.S -- batched (prefill) matrix-matrix products on the tiled weights, AVX2+FMA.
+ *
+ *     Y[t][o] = sum_i W[o][i] * X[t][i] (+ b[o]),   for T tokens t and the outputs o of a tile range
+ *
+ * with the weights in exactly the layout of the matvec kernels ([n_tiles][n_in][64], fp32, fp16 or
+ * int8 + per-output scale), and EACH (token, output) pair computed with the operation sequence of the
+ * corresponding matvec kernel (docs/kernels.md, gpt2asm_matmul):
+ *     acc = +0.0;  for i in 0 .. n_in-1:  acc = fma((float)w[t][i][j], X[tok][i], acc)
+ *     f32, f16:  y = acc + b[o]                    (y = acc when b is NULL)
+ *     q8:        p = acc * scale[o];  y = p + b[o]  (y = p when b is NULL)
+ * so a prompt run through these kernels gives bit-for-bit the outputs of T single-token steps.
+ *
+ * Blocking.  For each tile (64 outputs) in [tile_begin, tile_end), for each chunk of the tile's rows
+ * (K-blocking, below: 256 KiB of weights at most), for each block of 6 tokens, for each of the tile's
+ * 4 strips of 16 outputs: 12 accumulators (6 tokens x 2 ymm) live in ymm0-11 while the strip's rows
+ * stream by; each row's 16 weights are loaded (and widened: vcvtph2ps, or vpmovsxbd + vcvtdq2ps) once
+ * into ymm12-13 and used by 12 FMAs, one broadcast of X[tok][i] per token (ymm14-15).  A tile is read
+ * from memory once and then from L2 for every further block of tokens; the 6 token rows of X being
+ * read stay in L1/L2.  A last block of 1..5 tokens runs the same code with fewer accumulators (no
+ * reads or writes past token n_tokens-1).  The row loop is unrolled by 2.  Measured on Zen 4 at
+ * 2.8 GHz (peak 2 x 8 x 2 = 32 flop/cycle = 90 GFLOP/s): 76-87 GFLOP/s at T = 512 on the 124M shapes,
+ * all three weight types (tests/test_kernels_matmul.py --bench).
+ *
+ * Registers:
+ *     rdi  w: current tile                 rsi  X of the current token block
+ *     rdx  ldx in bytes                    rcx  b (+64*tile) or NULL
+ *     r8   y of the current token block, current tile       r9  ldy in bytes
+ *     rbp  scale (+64*tile), q8 only       r12  n_in         r13  tokens left in this tile's pass
+ *     r14  strip offset in bytes of y / b / scale (0, 64, 128, 192)      r15  tiles left
+ *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
+ *     stack: see "stack frame" below
+ */
+#include "asm.S"
+
+/* K-blocking: a tile is swept in chunks of rows of at most MATMUL_KC_BYTES of weights (n_in split
+ * into equal chunks), so that the chunk's weights stay in L2 while every block of tokens and every
+ * strip reuses them; between chunks the sums are parked in y and reloaded (exact binary32 values: no
+ * extra rounding), so the per-output operation sequence is unchanged.  Measured on Zen 4 (1 MiB L2),
+ * 3072 x 768 fp32 at T = 512: 72 GFLOP/s unblocked (a 768 KiB tile), 80 with 256 KiB chunks; int8
+ * tiles (<= 192 KiB for GPT-2) are not split. */
+#ifndef MATMUL_KC_BYTES
+#  define MATMUL_KC_BYTES 262144
+#endif
+
+#define DT_F32 0
+#define DT_F16 1
+#define DT_Q8  2
+
+        /* one row: the strip's 16 weights of row (\woff bytes from r10) into ymm12-13, then
+         * acc[tok][k] = fma(w_k, X[tok][i], acc[tok][k]) for the \mt tokens (X at \xoff from the cursors) */
+        .macro  mm_row dt, mt, woff, xoff
+        .if \dt == DT_F32
+        vmovups     \woff(%r10), %ymm12
+        vmovups     \woff+32(%r10), %ymm13
+        .elseif \dt == DT_F16
+        vcvtph2ps   \woff(%r10), %ymm12
+        vcvtph2ps   \woff+16(%r10), %ymm13
+        .else
+        vpmovsxbd   \woff(%r10), %ymm12
+        vpmovsxbd   \woff+8(%r10), %ymm13
+        vcvtdq2ps   %ymm12, %ymm12
+        vcvtdq2ps   %ymm13, %ymm13
+        .endif
+        vbroadcastss \xoff(%r11), %ymm14
+        vfmadd231ps %ymm12, %ymm14, %ymm0
+        vfmadd231ps %ymm13, %ymm14, %ymm1
+        .if \mt >= 2
+        vbroadcastss \xoff(%r11,%rdx), %ymm15
+        vfmadd231ps %ymm12, %ymm15, %ymm2
+        vfmadd231ps %ymm13, %ymm15, %ymm3
+        .endif
+        .if \mt >= 3
+        vbroadcastss \xoff(%r11,%rdx,2), %ymm14
+        vfmadd231ps %ymm12, %ymm14, %ymm4
+        vfmadd231ps %ymm13, %ymm14, %ymm5
+        .endif
+        .if \mt >= 4
+        vbroadcastss \xoff(%rax), %ymm15
+        vfmadd231ps %ymm12, %ymm15, %ymm6
+        vfmadd231ps %ymm13, %ymm15, %ymm7
+        .endif
+        .if \mt >= 5
+        vbroadcastss \xoff(%rax,%rdx), %ymm14
+        vfmadd231ps %ymm12, %ymm14, %ymm8
+        vfmadd231ps %ymm13, %ymm14, %ymm9
+        .endif
+        .if \mt >= 6
+        vbroadcastss \xoff(%rax,%rdx,2), %ymm15
+        vfmadd231ps %ymm12, %ymm15, %ymm10
+        vfmadd231ps %ymm13, %ymm15, %ymm11
+        .endif
+        .endm
+
+        /* epilogue of one token: y[tok][strip] = acc (* scale) (+ b); r11 = &y[tok][strip] */
+        .macro  mm_out dt, a0, a1, bias
+        .if \dt == DT_Q8
+        vmulps  %ymm12, %ymm\a0, %ymm\a0        // p = acc * scale
+        vmulps  %ymm13, %ymm\a1, %ymm\a1
+        .endif
+        .if \bias
+        vaddps  %ymm14, %ymm\a0, %ymm\a0        // y = p + b
+        vaddps  %ymm15, %ymm\a1, %ymm\a1
+        .endif
+        vmovups %ymm\a0, (%r11)
+        vmovups %ymm\a1, 32(%r11)
+        addq    %r9, %r11
+        .endm
+
+        .macro  mm_outs dt, mt, bias
+        mm_out  \dt, 0, 1, \bias
+        .if \mt >= 2
+        mm_out  \dt, 2, 3, \bias
+        .endif
+        .if \mt >= 3
+        mm_out  \dt, 4, 5, \bias
+        .endif
+        .if \mt >= 4
+        mm_out  \dt, 6, 7, \bias
+        .endif
+        .if \mt >= 5
+        mm_out  \dt, 8, 9, \bias
+        .endif
+        .if \mt >= 6
+        mm_out  \dt, 10, 11, \bias
+        .endif
+        .endm
+
+        /* move the \mt tokens' accumulators between registers and y (r11 = &y[token 0][strip], rows
+         * r9 bytes apart): \load = 1 loads them (continuing the sums of the previous chunk of rows),
+         * 0 stores them (the sums so far, exact binary32 values: nothing is rounded twice) */
+        .macro  mm_acc1 load, a0, a1
+        .if \load
+        vmovups   (%r11), %ymm\a0
+        vmovups 32(%r11), %ymm\a1
+        .else
+        vmovups %ymm\a0,   (%r11)
+        vmovups %ymm\a1, 32(%r11)
+        .endif
+        addq    %r9, %r11
+        .endm
+
+        .macro  mm_accs mt, op, load
+        mm_acc1 \load, 0, 1
+        .if \mt >= 2
+        mm_acc1 \load, 2, 3
+        .endif
+        .if \mt >= 3
+        mm_acc1 \load, 4, 5
+        .endif
+        .if \mt >= 4
+        mm_acc1 \load, 6, 7
+        .endif
+        .if \mt >= 5
+        mm_acc1 \load, 8, 9
+        .endif
+        .if \mt >= 6
+        mm_acc1 \load, 10, 11
+        .endif
+        .endm
+
+        /* one strip (16 outputs at byte offset r14 of the tile) for \mt tokens */
+        .macro  mm_strip dt, mt
+        cmpq    $0, KFIRST(%rsp)
+        jne     .Lzero\@
+        leaq    (%r8,%r14), %r11                // a later chunk of rows: continue the sums
+        mm_accs \mt, vmovups, 1                 // (stored unrounded-further: exact binary32)
+        jmp     .Linit\@
+.Lzero\@:
+        .irp k, 0,1,2,3,4,5,6,7,8,9,10,11
+        .if \k < 2*\mt
+        vxorps  %ymm\k, %ymm\k, %ymm\k          // acc = +0.0
+        .endif
+        .endr
+.Linit\@:
+        movq    %r14, %r10
+        .if \dt == DT_F16
+        shrq    $1, %r10                        // 16 outputs = 32 bytes of fp16
+        .elseif \dt == DT_Q8
+        shrq    $2, %r10                        // 16 bytes of int8
+        .endif
+        addq    %rdi, %r10                      // weight cursor: row 0 of the strip
+        movq    %rsi, %r11                      // X cursor, token 0
+        .if \mt >= 4
+        leaq    (%rsi,%rdx,2), %rax
+        addq    %rdx, %rax                      // X cursor, token 3
+        .endif
+        movq    %r12, %rbx
+        shrq    $1, %rbx                        // n_in / 2 pairs of rows
+        jz      .Lodd\@
+        .p2align 4
+.Lrows\@:
+        mm_row  \dt, \mt, 0, 0
+        mm_row  \dt, \mt, ROWB, 4
+        addq    $2*ROWB, %r10
+        addq    $8, %r11
+        .if \mt >= 4
+        addq    $8, %rax
+        .endif
+        decq    %rbx
+        jnz     .Lrows\@
+.Lodd\@:
+        testq   $1, %r12
+        jz      .Lend\@
+        mm_row  \dt, \mt, 0, 0                  // the last row of an odd n_in
+.Lend\@:
+        cmpq    $0, KLAST(%rsp)
+        jne     .Lepi\@
+        leaq    (%r8,%r14), %r11                // not the last chunk of rows: park the sums in y
+        mm_accs \mt, vmovups, 0
+        jmp     .Ldone\@
+.Lepi\@:
+        .if \dt == DT_Q8
+        vmovups   (%rbp,%r14), %ymm12           // scale of the strip's 16 outputs
+        vmovups 32(%rbp,%r14), %ymm13
+        .endif
+        leaq    (%r8,%r14), %r11                // &y[token 0][strip]
+        testq   %rcx, %rcx
+        jz      .Lnob\@
+        vmovups   (%rcx,%r14), %ymm14
+        vmovups 32(%rcx,%r14), %ymm15
+        mm_outs \dt, \mt, 1
+        jmp     .Ldone\@
+.Lnob\@:
+        mm_outs \dt, \mt, 0
+.Ldone\@:
+        .endm
+
+        /* the 4 strips of the current tile for a block of \mt tokens */
+        .macro  mm_block dt, mt
+        xorl    %r14d, %r14d
+        .p2align 4
+.Lstrip\@:
+        mm_strip \dt, \mt
+        addq    $64, %r14
+        cmpq    $256, %r14
+        jb      .Lstrip\@
+        .endm
+
+        /* stack frame (after the 6 pushes): */
+        .set    NTOK, 0                         // n_tokens
+        .set    XCH, 8                          // X + k0 (the current chunk of rows' first input)
+        .set    YT, 16                          // y + 64*tile
+        .set    KFIRST, 24                      // 1 if the chunk starts at row 0
+        .set    KLAST, 32                       // 1 if the chunk ends at row n_in
+        .set    NIN, 40                         // n_in
+        .set    K0, 48                          // first row of the chunk
+        .set    WT, 56                          // the current tile
+        .set    X0, 64                          // X
+        .set    KCE, 72                         // rows per chunk: ceil(n_in / ceil(n_in / KCMAX))
+        .set    FRAME, 80
+
+        /* the whole kernel; \dt selects the weight type */
+        .macro  matmul_body dt
+        pushq   %rbx
+        pushq   %rbp
+        pushq   %r12
+        pushq   %r13
+        pushq   %r14
+        pushq   %r15
+        subq    $FRAME, %rsp
+        .if \dt == DT_Q8
+        /* (w, scale, x, ldx, b, y, | ldy, n_tokens, n_in, tile_begin, tile_end) */
+        movq    %rsi, %rbp
+        movq    %rdx, %rsi
+        movq    %rcx, %rdx
+        movq    %r8, %rcx
+        movq    %r9, %r8
+        movq    FRAME+56(%rsp), %r9
+        .set    ARG, FRAME+64                   // n_tokens
+        .else
+        /* (w, x, ldx, b, y, ldy, | n_tokens, n_in, tile_begin, tile_end) */
+        .set    ARG, FRAME+56
+        .endif
+        shlq    $2, %rdx                        // ldx in bytes
+        shlq    $2, %r9                         // ldy in bytes
+        movq    ARG(%rsp), %r13                 // n_tokens
+        movq    ARG+8(%rsp), %r12               // n_in
+        movq    ARG+16(%rsp), %r10              // tile_begin
+        movq    ARG+24(%rsp), %r15              // tile_end
+        subq    %r10, %r15                      // tiles
+        jbe     .Lret\@
+        testq   %r13, %r13
+        jz      .Lret\@
+        movq    %r13, NTOK(%rsp)
+        movq    %r12, NIN(%rsp)
+        movq    %rdx, %r11                      // (div uses rdx)
+        leaq    KCMAX-1(%r12), %rax
+        xorl    %edx, %edx
+        movl    $KCMAX, %ebx
+        divq    %rbx                            // chunks = ceil(n_in / KCMAX)
+        movq    %rax, %rbx
+        leaq    -1(%r12,%rbx), %rax
+        xorl    %edx, %edx
+        divq    %rbx                            // rows per chunk = ceil(n_in / chunks)
+        movq    %rax, KCE(%rsp)
+        movq    %r11, %rdx
+        movq    %rsi, X0(%rsp)
+        movq    %r10, %r11
+        shlq    $8, %r11                        // 256 bytes of y / b / scale per tile
+        addq    %r11, %r8
+        movq    %r8, YT(%rsp)                   // y + 64*tile_begin
+        .if \dt == DT_Q8
+        addq    %r11, %rbp
+        .endif
+        testq   %rcx, %rcx
+        jz      1f
+        addq    %r11, %rcx
+1:
+        imulq   %r12, %r10
+        shlq    $RB, %r10                       // tile_begin * n_in rows of ROWB bytes
+        addq    %r10, %rdi
+        .p2align 4
+.Ltile\@:
+        movq    %rdi, WT(%rsp)
+        movq    $0, K0(%rsp)
+.Lchunk\@:                                      // rows k0 .. k0+kc-1 of the tile, kc <= KC
+        movq    NIN(%rsp), %r12
+        movq    K0(%rsp), %rax
+        subq    %rax, %r12                      // rows left
+        xorl    %ebx, %ebx
+        cmpq    KCE(%rsp), %r12
+        jbe     2f
+        movq    KCE(%rsp), %r12                 // kc
+        jmp     3f
+2:
+        movl    $1, %ebx                        // the last chunk
+3:
+        movq    %rbx, KLAST(%rsp)
+        xorl    %ebx, %ebx
+        testq   %rax, %rax
+        sete    %bl
+        movq    %rbx, KFIRST(%rsp)
+        movq    %rax, %r10
+        shlq    $RB, %r10
+        movq    WT(%rsp), %rdi
+        addq    %r10, %rdi                      // row k0 of the tile
+        leaq    (,%rax,4), %r10
+        addq    X0(%rsp), %r10
+        movq    %r10, XCH(%rsp)                 // input k0 of token 0
+        movq    XCH(%rsp), %rsi
+        movq    YT(%rsp), %r8
+        movq    NTOK(%rsp), %r13
+        cmpq    $6, %r13
+        jb      .Ltail\@
+        .p2align 4
+.Lblock\@:                                      // blocks of 6 tokens
+        mm_block \dt, 6
+        leaq    (%rdx,%rdx,2), %r10
+        leaq    (%rsi,%r10,2), %rsi             // X += 6 rows
+        leaq    (%r9,%r9,2), %r10
+        leaq    (%r8,%r10,2), %r8               // y += 6 rows
+        subq    $6, %r13
+        cmpq    $6, %r13
+        jae     .Lblock\@
+.Ltail\@:                                       // 0 .. 5 tokens left
+        cmpq    $3, %r13
+        je      .Lt3\@
+        ja      .Lt45\@
+        cmpq    $1, %r13
+        je      .Lt1\@
+        jb      .Lnextk\@
+        mm_block \dt, 2
+        jmp     .Lnextk\@
+.Lt1\@:
+        mm_block \dt, 1
+        jmp     .Lnextk\@
+.Lt3\@:
+        mm_block \dt, 3
+        jmp     .Lnextk\@
+.Lt45\@:
+        cmpq    $4, %r13
+        jne     .Lt5\@
+        mm_block \dt, 4
+        jmp     .Lnextk\@
+.Lt5\@:
+        mm_block \dt, 5
+.Lnextk\@:
+        addq    %r12, K0(%rsp)
+        cmpq    $0, KLAST(%rsp)
+        je      .Lchunk\@
+        movq    NIN(%rsp), %r10
+        shlq    $RB, %r10
+        movq    WT(%rsp), %rdi
+        addq    %r10, %rdi                      // next tile
+        addq    $256, YT(%rsp)
+        .if \dt == DT_Q8
+        addq    $256, %rbp
+        .endif
+        testq   %rcx, %rcx
+        jz      4f
+        addq    $256, %rcx
+4:
+        decq    %r15
+        jnz     .Ltile\@
+.Lret\@:
+        addq    $FRAME, %rsp
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbp
+        popq    %rbx
+        vzeroupper
+        ret
+        .endm
+
+/*
+ * void gpt2asm_matmul_f32_avx2(const float *w, const float *x, size_t ldx, const float *b, float *y,
+ *                              size_t ldy, size_t n_tokens, size_t n_in,
+ *                              size_t tile_begin, size_t tile_end);
+ *   y[t*ldy + o] = acc + b[o] (acc as gpt2asm_matvec_f32 with x = x + t*ldx), t < n_tokens,
+ *   64*tile_begin <= o < 64*tile_end.   w: [n_tiles][n_in][64] fp32, 64-byte aligned.
+ */
+        .set    ROWB, 256
+        .set    KCMAX, MATMUL_KC_BYTES / 256
+        .if KCMAX < 1
+        .error "MATMUL_KC_BYTES must be at least one row of weights"
+        .endif
+        .set    RB, 8
+function gpt2asm_matmul_f32_avx2
+        matmul_body DT_F32
+endfunc
+
+/*
+ * void gpt2asm_matmul_f16_avx2(const uint16_t *w, <as f32>);   w: binary16, widened exactly.
+ */
+        .set    ROWB, 128
+        .set    KCMAX, MATMUL_KC_BYTES / 128
+        .if KCMAX < 1
+        .error "MATMUL_KC_BYTES must be at least one row of weights"
+        .endif
+        .set    RB, 7
+function gpt2asm_matmul_f16_avx2
+        matmul_body DT_F16
+endfunc
+
+/*
+ * void gpt2asm_matmul_q8_avx2(const int8_t *w, const float *scale, const float *x, size_t ldx,
+ *                             const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
+ *                             size_t tile_begin, size_t tile_end);
+ *   y[t*ldy + o] = acc * scale[o] + b[o] (two roundings; as gpt2asm_matvec_q8).
+ */
+        .set    ROWB, 64
+        .set    KCMAX, MATMUL_KC_BYTES / 64
+        .if KCMAX < 1
+        .error "MATMUL_KC_BYTES must be at least one row of weights"
+        .endif
+        .set    RB, 6
+function gpt2asm_matmul_q8_avx2
+        matmul_body DT_Q8
+endfunc

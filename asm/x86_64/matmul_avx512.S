@@ -1,0 +1,451 @@
+/*
+ * asm/x86_64/matmul_avx512.S -- batched (prefill) matrix-matrix products on the tiled weights, AVX-512F.
+ *
+ * Same contract, prototypes and per-(token, output) operation sequence as matmul_avx2.S
+ * (docs/kernels.md, gpt2asm_matmul): each y[tok][o] is computed exactly like the matvec kernel would
+ * for that token, so the outputs are bit-identical to the AVX2 variant and to T matvec calls.
+ *
+ * Blocking.  For each tile (64 outputs) in [tile_begin, tile_end), for each chunk of the tile's rows
+ * (K-blocking, below: 256 KiB of weights at most), for each block of 6 tokens: 24 accumulators
+ * (6 tokens x the tile's 64 outputs = 4 zmm) live in zmm0-23 while the chunk's rows stream by; each
+ * row is loaded (and widened: vcvtph2ps, or vpmovsxbd + vcvtdq2ps) once into zmm24-27 and used by
+ * 24 FMAs, one broadcast of X[tok][i] per token (zmm28-29).  So a tile streams from memory once, and
+ * then from L2 once per block of 6 tokens, front to back.  A last block of 1..5 tokens runs the same
+ * code with fewer accumulators.  The row loop is unrolled by 2.  AVX-512F instructions only.
+ * zmm16-31 are used, and zeroed before returning (vzeroupper does not touch them), so no dirty upper
+ * state is left behind.  (Not measured natively: the development machine has no AVX-512; correctness
+ * runs under tests/avx512emu.py.)
+ *
+ * Registers:
+ *     rdi  w: current tile                 rsi  X of the current token block
+ *     rdx  ldx in bytes                    rcx  b (+64*tile) or NULL
+ *     r8   y of the current token block, current tile       r9  ldy in bytes
+ *     rbp  scale (+64*tile), q8 only       r12  n_in         r13  tokens left in this tile's pass
+ *     r15  tiles left
+ *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
+ *     stack: see "stack frame" below
+ */
+#include "asm.S"
+
+/* K-blocking: a tile is swept in chunks of rows of at most MATMUL_KC_BYTES of weights (n_in split
+ * into equal chunks), so that the chunk's weights stay in L2 while every block of tokens reuses them; between chunks the sums are parked in y and reloaded (exact binary32 values: no
+ * extra rounding), so the per-output operation sequence is unchanged.  Measured on Zen 4 (1 MiB L2),
+ * 3072 x 768 fp32 at T = 512: 72 GFLOP/s unblocked (a 768 KiB tile), 80 with 256 KiB chunks; int8
+ * tiles (<= 192 KiB for GPT-2) are not split. */
+#ifndef MATMUL_KC_BYTES
+#  define MATMUL_KC_BYTES 262144
+#endif
+
+#define DT_F32 0
+#define DT_F16 1
+#define DT_Q8  2
+
+        /* acc[a0..a3] = fma(w[0..3], xb, acc[a0..a3]): one token's 4 accumulators */
+        .macro  mm_fma4 a0, a1, a2, a3, xb
+        vfmadd231ps %zmm24, %zmm\xb, %zmm\a0
+        vfmadd231ps %zmm25, %zmm\xb, %zmm\a1
+        vfmadd231ps %zmm26, %zmm\xb, %zmm\a2
+        vfmadd231ps %zmm27, %zmm\xb, %zmm\a3
+        .endm
+
+        /* one row of the tile (\woff bytes from r10) into zmm24-27, then the FMAs of \mt tokens */
+        .macro  mm_row dt, mt, woff, xoff
+        .if \dt == DT_F32
+        vmovups     \woff(%r10), %zmm24
+        vmovups     \woff+64(%r10), %zmm25
+        vmovups     \woff+128(%r10), %zmm26
+        vmovups     \woff+192(%r10), %zmm27
+        .elseif \dt == DT_F16
+        vcvtph2ps   \woff(%r10), %zmm24
+        vcvtph2ps   \woff+32(%r10), %zmm25
+        vcvtph2ps   \woff+64(%r10), %zmm26
+        vcvtph2ps   \woff+96(%r10), %zmm27
+        .else
+        vpmovsxbd   \woff(%r10), %zmm24
+        vpmovsxbd   \woff+16(%r10), %zmm25
+        vpmovsxbd   \woff+32(%r10), %zmm26
+        vpmovsxbd   \woff+48(%r10), %zmm27
+        vcvtdq2ps   %zmm24, %zmm24
+        vcvtdq2ps   %zmm25, %zmm25
+        vcvtdq2ps   %zmm26, %zmm26
+        vcvtdq2ps   %zmm27, %zmm27
+        .endif
+        vbroadcastss \xoff(%r11), %zmm28
+        mm_fma4 0, 1, 2, 3, 28
+        .if \mt >= 2
+        vbroadcastss \xoff(%r11,%rdx), %zmm29
+        mm_fma4 4, 5, 6, 7, 29
+        .endif
+        .if \mt >= 3
+        vbroadcastss \xoff(%r11,%rdx,2), %zmm28
+        mm_fma4 8, 9, 10, 11, 28
+        .endif
+        .if \mt >= 4
+        vbroadcastss \xoff(%rax), %zmm29
+        mm_fma4 12, 13, 14, 15, 29
+        .endif
+        .if \mt >= 5
+        vbroadcastss \xoff(%rax,%rdx), %zmm28
+        mm_fma4 16, 17, 18, 19, 28
+        .endif
+        .if \mt >= 6
+        vbroadcastss \xoff(%rax,%rdx,2), %zmm29
+        mm_fma4 20, 21, 22, 23, 29
+        .endif
+        .endm
+
+        /* epilogue of one token: y[tok][0..63] = acc (* scale) (+ b); r11 = &y[tok][tile] */
+        .macro  mm_out dt, a0, a1, a2, a3, bias
+        .if \dt == DT_Q8
+        vmulps  %zmm24, %zmm\a0, %zmm\a0        // p = acc * scale
+        vmulps  %zmm25, %zmm\a1, %zmm\a1
+        vmulps  %zmm26, %zmm\a2, %zmm\a2
+        vmulps  %zmm27, %zmm\a3, %zmm\a3
+        .endif
+        .if \bias
+        vaddps  %zmm28, %zmm\a0, %zmm\a0        // y = p + b
+        vaddps  %zmm29, %zmm\a1, %zmm\a1
+        vaddps  %zmm30, %zmm\a2, %zmm\a2
+        vaddps  %zmm31, %zmm\a3, %zmm\a3
+        .endif
+        vmovups %zmm\a0, (%r11)
+        vmovups %zmm\a1, 64(%r11)
+        vmovups %zmm\a2, 128(%r11)
+        vmovups %zmm\a3, 192(%r11)
+        addq    %r9, %r11
+        .endm
+
+        .macro  mm_outs dt, mt, bias
+        mm_out  \dt, 0, 1, 2, 3, \bias
+        .if \mt >= 2
+        mm_out  \dt, 4, 5, 6, 7, \bias
+        .endif
+        .if \mt >= 3
+        mm_out  \dt, 8, 9, 10, 11, \bias
+        .endif
+        .if \mt >= 4
+        mm_out  \dt, 12, 13, 14, 15, \bias
+        .endif
+        .if \mt >= 5
+        mm_out  \dt, 16, 17, 18, 19, \bias
+        .endif
+        .if \mt >= 6
+        mm_out  \dt, 20, 21, 22, 23, \bias
+        .endif
+        .endm
+
+        /* move the \mt tokens' accumulators between registers and y (r11 = &y[token 0][tile], rows
+         * r9 bytes apart): \load = 1 loads them (continuing the sums of the previous chunk of rows),
+         * 0 stores them (the sums so far, exact binary32 values: nothing is rounded twice) */
+        .macro  mm_acc1 load, a0, a1, a2, a3
+        .if \load
+        vmovups    (%r11), %zmm\a0
+        vmovups  64(%r11), %zmm\a1
+        vmovups 128(%r11), %zmm\a2
+        vmovups 192(%r11), %zmm\a3
+        .else
+        vmovups %zmm\a0,    (%r11)
+        vmovups %zmm\a1,  64(%r11)
+        vmovups %zmm\a2, 128(%r11)
+        vmovups %zmm\a3, 192(%r11)
+        .endif
+        addq    %r9, %r11
+        .endm
+
+        .macro  mm_accs mt, load
+        mm_acc1 \load, 0, 1, 2, 3
+        .if \mt >= 2
+        mm_acc1 \load, 4, 5, 6, 7
+        .endif
+        .if \mt >= 3
+        mm_acc1 \load, 8, 9, 10, 11
+        .endif
+        .if \mt >= 4
+        mm_acc1 \load, 12, 13, 14, 15
+        .endif
+        .if \mt >= 5
+        mm_acc1 \load, 16, 17, 18, 19
+        .endif
+        .if \mt >= 6
+        mm_acc1 \load, 20, 21, 22, 23
+        .endif
+        .endm
+
+        /* the current tile for a block of \mt tokens */
+        .macro  mm_block dt, mt
+        cmpq    $0, KFIRST(%rsp)
+        jne     .Lzero\@
+        movq    %r8, %r11                       // a later chunk of rows: continue the sums
+        mm_accs \mt, 1
+        jmp     .Linit\@
+.Lzero\@:
+        .irp k, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23
+        .if \k < 4*\mt
+        vpxord  %zmm\k, %zmm\k, %zmm\k          // acc = +0.0
+        .endif
+        .endr
+.Linit\@:
+        movq    %rdi, %r10                      // weight cursor: row 0 of the tile
+        movq    %rsi, %r11                      // X cursor, token 0
+        .if \mt >= 4
+        leaq    (%rsi,%rdx,2), %rax
+        addq    %rdx, %rax                      // X cursor, token 3
+        .endif
+        movq    %r12, %rbx
+        shrq    $1, %rbx                        // n_in / 2 pairs of rows
+        jz      .Lodd\@
+        .p2align 4
+.Lrows\@:
+        mm_row  \dt, \mt, 0, 0
+        mm_row  \dt, \mt, ROWB, 4
+        addq    $2*ROWB, %r10
+        addq    $8, %r11
+        .if \mt >= 4
+        addq    $8, %rax
+        .endif
+        decq    %rbx
+        jnz     .Lrows\@
+.Lodd\@:
+        testq   $1, %r12
+        jz      .Lend\@
+        mm_row  \dt, \mt, 0, 0                  // the last row of an odd n_in
+.Lend\@:
+        cmpq    $0, KLAST(%rsp)
+        jne     .Lepi\@
+        movq    %r8, %r11                       // not the last chunk of rows: park the sums in y
+        mm_accs \mt, 0
+        jmp     .Ldone\@
+.Lepi\@:
+        .if \dt == DT_Q8
+        vmovups    0(%rbp), %zmm24              // scale of the tile's 64 outputs
+        vmovups   64(%rbp), %zmm25
+        vmovups  128(%rbp), %zmm26
+        vmovups  192(%rbp), %zmm27
+        .endif
+        movq    %r8, %r11                       // &y[token 0][tile]
+        testq   %rcx, %rcx
+        jz      .Lnob\@
+        vmovups    0(%rcx), %zmm28
+        vmovups   64(%rcx), %zmm29
+        vmovups  128(%rcx), %zmm30
+        vmovups  192(%rcx), %zmm31
+        mm_outs \dt, \mt, 1
+        jmp     .Ldone\@
+.Lnob\@:
+        mm_outs \dt, \mt, 0
+.Ldone\@:
+        .endm
+
+        /* stack frame (after the 6 pushes): */
+        .set    NTOK, 0                         // n_tokens
+        .set    XCH, 8                          // X + k0 (the current chunk of rows' first input)
+        .set    YT, 16                          // y + 64*tile
+        .set    KFIRST, 24                      // 1 if the chunk starts at row 0
+        .set    KLAST, 32                       // 1 if the chunk ends at row n_in
+        .set    NIN, 40                         // n_in
+        .set    K0, 48                          // first row of the chunk
+        .set    WT, 56                          // the current tile
+        .set    X0, 64                          // X
+        .set    KCE, 72                         // rows per chunk: ceil(n_in / ceil(n_in / KCMAX))
+        .set    FRAME, 80
+
+        /* the whole kernel; \dt selects the weight type */
+        .macro  matmul_body dt
+        pushq   %rbx
+        pushq   %rbp
+        pushq   %r12
+        pushq   %r13
+        pushq   %r14
+        pushq   %r15
+        subq    $FRAME, %rsp
+        .if \dt == DT_Q8
+        /* (w, scale, x, ldx, b, y, | ldy, n_tokens, n_in, tile_begin, tile_end) */
+        movq    %rsi, %rbp
+        movq    %rdx, %rsi
+        movq    %rcx, %rdx
+        movq    %r8, %rcx
+        movq    %r9, %r8
+        movq    FRAME+56(%rsp), %r9
+        .set    ARG, FRAME+64                   // n_tokens
+        .else
+        /* (w, x, ldx, b, y, ldy, | n_tokens, n_in, tile_begin, tile_end) */
+        .set    ARG, FRAME+56
+        .endif
+        shlq    $2, %rdx                        // ldx in bytes
+        shlq    $2, %r9                         // ldy in bytes
+        movq    ARG(%rsp), %r13                 // n_tokens
+        movq    ARG+8(%rsp), %r12               // n_in
+        movq    ARG+16(%rsp), %r10              // tile_begin
+        movq    ARG+24(%rsp), %r15              // tile_end
+        subq    %r10, %r15                      // tiles
+        jbe     .Lret\@
+        testq   %r13, %r13
+        jz      .Lret\@
+        movq    %r13, NTOK(%rsp)
+        movq    %r12, NIN(%rsp)
+        movq    %rdx, %r11                      // (div uses rdx)
+        leaq    KCMAX-1(%r12), %rax
+        xorl    %edx, %edx
+        movl    $KCMAX, %ebx
+        divq    %rbx                            // chunks = ceil(n_in / KCMAX)
+        movq    %rax, %rbx
+        leaq    -1(%r12,%rbx), %rax
+        xorl    %edx, %edx
+        divq    %rbx                            // rows per chunk = ceil(n_in / chunks)
+        movq    %rax, KCE(%rsp)
+        movq    %r11, %rdx
+        movq    %rsi, X0(%rsp)
+        movq    %r10, %r11
+        shlq    $8, %r11                        // 256 bytes of y / b / scale per tile
+        addq    %r11, %r8
+        movq    %r8, YT(%rsp)                   // y + 64*tile_begin
+        .if \dt == DT_Q8
+        addq    %r11, %rbp
+        .endif
+        testq   %rcx, %rcx
+        jz      1f
+        addq    %r11, %rcx
+1:
+        imulq   %r12, %r10
+        shlq    $RB, %r10                       // tile_begin * n_in rows of ROWB bytes
+        addq    %r10, %rdi
+        .p2align 4
+.Ltile\@:
+        movq    %rdi, WT(%rsp)
+        movq    $0, K0(%rsp)
+.Lchunk\@:                                      // rows k0 .. k0+kc-1 of the tile, kc <= KC
+        movq    NIN(%rsp), %r12
+        movq    K0(%rsp), %rax
+        subq    %rax, %r12                      // rows left
+        xorl    %ebx, %ebx
+        cmpq    KCE(%rsp), %r12
+        jbe     2f
+        movq    KCE(%rsp), %r12                 // kc
+        jmp     3f
+2:
+        movl    $1, %ebx                        // the last chunk
+3:
+        movq    %rbx, KLAST(%rsp)
+        xorl    %ebx, %ebx
+        testq   %rax, %rax
+        sete    %bl
+        movq    %rbx, KFIRST(%rsp)
+        movq    %rax, %r10
+        shlq    $RB, %r10
+        movq    WT(%rsp), %rdi
+        addq    %r10, %rdi                      // row k0 of the tile
+        leaq    (,%rax,4), %r10
+        addq    X0(%rsp), %r10
+        movq    %r10, XCH(%rsp)                 // input k0 of token 0
+        movq    XCH(%rsp), %rsi
+        movq    YT(%rsp), %r8
+        movq    NTOK(%rsp), %r13
+        cmpq    $6, %r13
+        jb      .Ltail\@
+        .p2align 4
+.Lblock\@:                                      // blocks of 6 tokens
+        mm_block \dt, 6
+        leaq    (%rdx,%rdx,2), %r10
+        leaq    (%rsi,%r10,2), %rsi             // X += 6 rows
+        leaq    (%r9,%r9,2), %r10
+        leaq    (%r8,%r10,2), %r8               // y += 6 rows
+        subq    $6, %r13
+        cmpq    $6, %r13
+        jae     .Lblock\@
+.Ltail\@:                                       // 0 .. 5 tokens left
+        cmpq    $3, %r13
+        je      .Lt3\@
+        ja      .Lt45\@
+        cmpq    $1, %r13
+        je      .Lt1\@
+        jb      .Lnextk\@
+        mm_block \dt, 2
+        jmp     .Lnextk\@
+.Lt1\@:
+        mm_block \dt, 1
+        jmp     .Lnextk\@
+.Lt3\@:
+        mm_block \dt, 3
+        jmp     .Lnextk\@
+.Lt45\@:
+        cmpq    $4, %r13
+        jne     .Lt5\@
+        mm_block \dt, 4
+        jmp     .Lnextk\@
+.Lt5\@:
+        mm_block \dt, 5
+.Lnextk\@:
+        addq    %r12, K0(%rsp)
+        cmpq    $0, KLAST(%rsp)
+        je      .Lchunk\@
+        movq    NIN(%rsp), %r10
+        shlq    $RB, %r10
+        movq    WT(%rsp), %rdi
+        addq    %r10, %rdi                      // next tile
+        addq    $256, YT(%rsp)
+        .if \dt == DT_Q8
+        addq    $256, %rbp
+        .endif
+        testq   %rcx, %rcx
+        jz      4f
+        addq    $256, %rcx
+4:
+        decq    %r15
+        jnz     .Ltile\@
+.Lret\@:
+        addq    $FRAME, %rsp
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbp
+        popq    %rbx
+        .irp k, 16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+        vpxord  %zmm\k, %zmm\k, %zmm\k          // leave no state in zmm16-31
+        .endr
+        vzeroupper
+        ret
+        .endm
+
+/*
+ * void gpt2asm_matmul_f32_avx512(const float *w, const float *x, size_t ldx, const float *b, float *y,
+ *                                size_t ldy, size_t n_tokens, size_t n_in,
+ *                                size_t tile_begin, size_t tile_end);
+ */
+        .set    ROWB, 256
+        .set    KCMAX, MATMUL_KC_BYTES / 256
+        .if KCMAX < 1
+        .error "MATMUL_KC_BYTES must be at least one row of weights"
+        .endif
+        .set    RB, 8
+function gpt2asm_matmul_f32_avx512
+        matmul_body DT_F32
+endfunc
+
+/*
+ * void gpt2asm_matmul_f16_avx512(const uint16_t *w, <as f32>);   w: binary16, widened exactly.
+ */
+        .set    ROWB, 128
+        .set    KCMAX, MATMUL_KC_BYTES / 128
+        .if KCMAX < 1
+        .error "MATMUL_KC_BYTES must be at least one row of weights"
+        .endif
+        .set    RB, 7
+function gpt2asm_matmul_f16_avx512
+        matmul_body DT_F16
+endfunc
+
+/*
+ * void gpt2asm_matmul_q8_avx512(const int8_t *w, const float *scale, const float *x, size_t ldx,
+ *                               const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
+ *                               size_t tile_begin, size_t tile_end);
+ */
+        .set    ROWB, 64
+        .set    KCMAX, MATMUL_KC_BYTES / 64
+        .if KCMAX < 1
+        .error "MATMUL_KC_BYTES must be at least one row of weights"
+        .endif
+        .set    RB, 6
+function gpt2asm_matmul_q8_avx512
+        matmul_body DT_Q8
+endfunc

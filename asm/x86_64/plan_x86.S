@@ -1,0 +1,742 @@
+/*
+ * asm/x86_64/plan_x86.S -- the -j thread pool and the plan executor (one forward step per call).
+ *
+ * docs/kernels.md ("Thread pool and plans") documents the records and the exported symbols:
+ *
+ *     void gpt2asm_plan_run_{avx2,avx512}(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
+ *     void gpt2asm_worker_{avx2,avx512}(pool_t *ctx, size_t tid);       // returns at shutdown
+ *     void gpt2asm_pool_shutdown(pool_t *ctx);
+ *
+ * A plan is a header (per-step parameters: token, position; per-thread private buffers) followed by
+ * job records.  Every participant (the caller as thread 0, and the workers 1 .. n-1 parked in
+ * gpt2asm_worker) walks the same job list: it runs the job's prologue (LayerNorm of the residual
+ * stream into its private buffer; for the first job of a step also the embedding add), claims work
+ * items (tiles of 64 outputs, or heads) from the job's counter (`lock xadd`, or `lock cmpxchg` for guided
+ * claims: large contiguous claims first, single items at the end), runs the kernels of
+ * docs/kernels.md on them (with the job's epilogue: GELU in place, or the residual add x += y), and
+ * arrives at the job's barrier.  Each output is computed whole by one thread with the kernels' own
+ * operation sequence, so the results do not depend on the thread count or on who claimed what.
+ *
+ * Waiting: spin on the word with `pause` for ctx.spin_ticks TSC ticks (calling sched_yield between
+ * rounds after ctx.yield_ticks), then park with a futex on it (pool_park / pool_wake / pool_yield below
+ * are the only OS-specific code: Linux system calls; a macOS __ulock variant is provided untested).  A thread that parks first increments a sleeper count next to the word; the
+ * thread that changes the word (with a locked instruction: a full fence) wakes only if that count is
+ * nonzero.  Both sides are fenced, so a wake-up cannot be lost.
+ *
+ * With ctx.n_threads == 1 (no workers) nothing here spins, parks, reads the TSC or makes a system
+ * call: the plan is just run in order (this is also how it runs under the AVX-512 emulator).
+ *
+ * The kernels are called directly; they are declared .protected here (ELF) so that the links bind
+ * locally (no PLT, no symbol relocation) -- they stay exported.
+ */
+#include "asm.S"
+
+/* ---- pool context (pool_t, 256 bytes, 64-byte aligned, zeroed by Python) ----------------------- */
+#define CTX_SEQ             0       /* u32: plan generation; workers wait for it to change          */
+#define CTX_SEQ_SLEEPERS    4       /* u32: workers parked on CTX_SEQ                               */
+#define CTX_SHUTDOWN        8       /* u32: 1 = workers return                                      */
+#define CTX_NTHREADS        12      /* u32: participants, the caller included (1 = no workers)      */
+#define CTX_PLAN            16      /* u64: plan of the current run                                 */
+#define CTX_FIRST           24      /* u64: address of its first job record                         */
+#define CTX_END             32      /* u64: address past its last job record                        */
+#define CTX_SPIN            40      /* u64: TSC ticks to spin before parking                        */
+#define CTX_YIELD           48      /* u64: TSC ticks after which a spinning thread yields each round */
+#define CTX_DONE            64      /* u32: arrivals at the last job of the run (own cache line)    */
+#define CTX_DONE_SLEEPERS   68      /* u32                                                           */
+#define CTX_PARKS           128     /* u64: futex waits so far (statistics; own cache line)         */
+
+/* ---- plan header (plan_t, 128 bytes) ------------------------------------------------------------ */
+#define PL_TOKEN            0       /* u64: token id of this step (Python checks < vocab)          */
+#define PL_POS              8       /* u64: its position (Python checks < n_ctx)                    */
+#define PL_NJOBS            16      /* u64: job records that follow                                  */
+#define PL_PRIV             24      /* u64: private area of thread 0 (64-byte aligned)               */
+#define PL_PRIV_STRIDE      32      /* u64: bytes between the private areas of threads t and t+1     */
+#define PL_C                40      /* u64: n_embd (embedding length, a multiple of 16)              */
+#define PL_WTE              48      /* u64: wte [vocab][C]                                           */
+#define PL_WPE              56      /* u64: wpe [n_ctx][C]                                           */
+#define PL_X                64      /* u64: residual stream x [C] (the embedding of thread 0)        */
+#define PL_H_OFF            72      /* u64: offset of the LayerNorm output in a private area        */
+#define PL_E_OFF            80      /* u64: offset of the embedding copy of threads >= 1             */
+#define PL_S_OFF            88      /* u64: offset of the attention scratch                          */
+#define PL_HEADER           128
+
+/* ---- job record (192 bytes) --------------------------------------------------------------------- */
+#define J_KIND              0       /* u32: KIND_*                                                   */
+#define J_FLAGS             4       /* u32: prologue | F16 | epilogue | guided-claim shift << 8      */
+#define J_N                 8       /* u64: work items (tiles, or heads)                             */
+#define J_CHUNK             16      /* u64: items per claim (guided: the minimum), >= 1              */
+#define J_W                 24      /* u64: tiled weights                                            */
+#define J_B                 32      /* u64: bias or 0                                                */
+#define J_Y                 40      /* u64: output (MATVEC), q / qkv (QKV), q (ATTN)                 */
+#define J_NIN               48      /* u64: matvec inputs (= LayerNorm length)                       */
+#define J_X                 56      /* u64: matvec input, or the LayerNorm source                    */
+#define J_G                 64      /* u64: LayerNorm gain                                           */
+#define J_BETA              72      /* u64: LayerNorm bias                                           */
+#define J_A0                80      /* u64: RESID: x;  QKV, ATTN: k cache of the layer                */
+#define J_A1                88      /* u64: QKV, ATTN: v cache of the layer                           */
+#define J_A2                96      /* u64: QKV, ATTN: attention output                              */
+#define J_A3                104     /* u64: QKV, ATTN: head stride (floats)                          */
+#define J_A4                112     /* u64: ATTN: n_pos                                              */
+#define J_TILEB             120     /* u64: bytes of one weight tile (n_in * 64 * element size)     */
+#define J_CLAIM             128     /* u64: next unclaimed item (zeroed by plan_run)                */
+#define J_ARRIVE            136     /* u32: threads done with the job (zeroed by plan_run)          */
+#define J_SLEEPERS          140     /* u32: threads parked on J_ARRIVE                               */
+#define J_SIZE              192
+
+#define KIND_MATVEC         0
+#define KIND_QKV            1
+#define KIND_ATTN           2
+
+#define PRO_MASK            3
+#define PRO_LN              1       /* LayerNorm(J_X) -> private h; the matvec reads h               */
+#define PRO_EMBED           2       /* with PRO_LN: x = wte[token] + wpe[pos] first (thread 0 into PL_X,
+                                       the others into a private copy that their LayerNorm reads)     */
+#define FL_F16              4
+#define EPI_MASK            0x30
+#define EPI_GELU            0x10    /* y = gelu(y) over the claimed tiles                            */
+#define EPI_RESID           0x20    /* x[o] = x[o] + y[o] over the claimed tiles                     */
+
+/* ---- calls to the kernels (other objects of this library) --------------------------------------- */
+#ifndef GPT2ASM_MACHO
+        .protected gpt2asm_matvec_f32_avx2, gpt2asm_matvec_f16_avx2, gpt2asm_layernorm_f32_avx2
+        .protected gpt2asm_gelu_f32_avx2, gpt2asm_attention_f32_avx2
+        .protected gpt2asm_matvec_f32_avx512, gpt2asm_matvec_f16_avx512, gpt2asm_layernorm_f32_avx512
+        .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512
+#endif
+
+        .macro  xcall name
+#ifdef GPT2ASM_MACHO
+        call    _\name
+#else
+        call    \name
+#endif
+        .endm
+
+        .text
+
+/* ================================================================================================ */
+/* parking: the only OS-specific code                                                              */
+
+/*
+ * pool_park(u32 *addr = rdi, u32 expected = esi): sleep while *addr == expected (returns at once if it
+ * differs; may return spuriously).  pool_wake(u32 *addr = rdi): wake every thread parked on addr.
+ * Both clobber rax, rcx, rdx, rsi, rdi, r10, r11 (the system call registers).
+ */
+        .p2align 4
+pool_park:
+#ifdef GPT2ASM_MACHO
+        movl    %esi, %edx                      /* __ulock_wait(UL_COMPARE_AND_WAIT, addr, value, 0) */
+        movq    %rdi, %rsi
+        movl    $1, %edi
+        xorl    %r10d, %r10d
+        movl    $0x2000203, %eax
+#else
+        movl    %esi, %edx                      /* futex(addr, FUTEX_WAIT_PRIVATE, expected, NULL)  */
+        movl    $128, %esi
+        xorl    %r10d, %r10d
+        movl    $202, %eax
+#endif
+        syscall
+        ret
+
+        .p2align 4
+pool_wake:
+#ifdef GPT2ASM_MACHO
+        movq    %rdi, %rsi                      /* __ulock_wake(UL_COMPARE_AND_WAIT|ULF_WAKE_ALL, addr, 0) */
+        movl    $0x101, %edi
+        xorl    %edx, %edx
+        movl    $0x2000204, %eax
+#else
+        movl    $129, %esi                      /* futex(addr, FUTEX_WAKE_PRIVATE, INT_MAX)          */
+        movl    $0x7fffffff, %edx
+        movl    $202, %eax
+#endif
+        syscall
+        ret
+
+/* pool_yield(): give the CPU to another runnable thread, if any (sched_yield).  Clobbers rax, rcx, r11. */
+        .p2align 4
+pool_yield:
+#ifndef GPT2ASM_MACHO                           /* (macOS: a no-op) */
+        movl    $24, %eax                       /* sched_yield() */
+        syscall
+#endif
+        ret
+
+/*
+ * pool_wait_eq / pool_wait_ne (u32 *addr = rdi, u32 value = esi, u32 *sleepers = rdx, u64 spin = rcx,
+ * u64 *parks = r8 = &ctx.parks): return once *addr == value (eq) / *addr != value (ne).  Spin with pause
+ * for `spin` TSC ticks (after ctx.yield_ticks also calling pool_yield between rounds of 64 pauses), then
+ * park on addr (counted in *sleepers while parked, and in *parks).
+ * Clobbers the caller-saved registers; preserves the callee-saved ones.
+ */
+        .macro  pool_wait_fn name, jdone
+        .p2align 4
+\name:
+        movl    (%rdi), %eax
+        cmpl    %esi, %eax
+        \jdone  9f                              /* already there */
+        pushq   %rbx
+        pushq   %rbp
+        pushq   %r12
+        pushq   %r13
+        pushq   %r14
+        pushq   %r15
+        subq    $8, %rsp
+        movq    %rdi, %rbx                      /* addr */
+        movl    %esi, %r12d                     /* value */
+        movq    %rdx, %r13                      /* sleepers */
+        movq    %r8, %r15                       /* parks */
+        movq    %rcx, %r14
+        rdtsc
+        shlq    $32, %rdx
+        orq     %rdx, %rax
+        movq    CTX_YIELD - CTX_PARKS(%r15), %rbp
+        addq    %rax, %rbp                      /* from then on: yield between spin rounds */
+        addq    %rax, %r14                      /* deadline: park */
+1:      movl    $64, %ecx
+2:      pause
+        movl    (%rbx), %eax
+        cmpl    %r12d, %eax
+        \jdone  8f
+        decl    %ecx
+        jnz     2b
+        rdtsc
+        shlq    $32, %rdx
+        orq     %rdx, %rax
+        cmpq    %r14, %rax
+        jae     3f
+        cmpq    %rbp, %rax
+        jb      1b
+        call    pool_yield                      /* the thread we wait for may need this CPU */
+        jmp     1b
+3:      lock incl (%r13)                        /* parked from here on (a full fence) */
+5:      movl    (%rbx), %esi
+        cmpl    %r12d, %esi
+        \jdone  4f
+        lock incq (%r15)
+        movq    %rbx, %rdi
+        call    pool_park                       /* sleeps while *addr == esi */
+        jmp     5b
+4:      lock decl (%r13)
+8:      addq    $8, %rsp
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbp
+        popq    %rbx
+9:      ret
+        .endm
+
+        pool_wait_fn pool_wait_eq, je
+        pool_wait_fn pool_wait_ne, jne
+
+/*
+ * pool_arrive(u32 *count = rdi, u32 *sleepers = rdx, u32 n = ecx, wait = esi, ctx = r8): count one
+ * arrival; the n-th wakes the parked ones; if `wait`, the others return once all n have arrived.
+ */
+        .p2align 4
+pool_arrive:
+        movl    $1, %eax
+        lock xaddl %eax, (%rdi)                 /* a full fence: the thread's outputs are visible */
+        incl    %eax
+        cmpl    %ecx, %eax
+        jne     1f
+        cmpl    $0, (%rdx)
+        jne     pool_wake                       /* tail call: the last one wakes the parked */
+        ret
+1:      testl   %esi, %esi
+        jz      2f
+        movl    %ecx, %esi
+        movq    CTX_SPIN(%r8), %rcx
+        leaq    CTX_PARKS(%r8), %r8
+        jmp     pool_wait_eq                    /* tail call */
+2:      ret
+
+/*
+ * void gpt2asm_pool_shutdown(pool_t *ctx);
+ *   Tell the workers to return (call only while no plan runs): shutdown = 1, a new generation, wake.
+ */
+function gpt2asm_pool_shutdown
+        movl    $1, CTX_SHUTDOWN(%rdi)
+        lock incl CTX_SEQ(%rdi)
+        cmpl    $0, CTX_SEQ_SLEEPERS(%rdi)
+        je      1f
+        jmp     pool_wake
+1:      ret
+endfunc
+
+/* ================================================================================================ */
+/* elementwise adds (exact: one binary32 add per element, so any vector width gives the same bits) */
+
+/* vadd_avx2(dst = rdi, a = rsi, b = rdx, n = rcx): dst[i] = a[i] + b[i], n a multiple of 16.
+ * dst may equal a or b.  Clobbers rax, ymm0-1; ends with vzeroupper. */
+        .p2align 4
+vadd_avx2:
+        xorl    %eax, %eax
+        testq   %rcx, %rcx
+        jz      2f
+1:      vmovups   (%rsi,%rax,4), %ymm0
+        vmovups 32(%rsi,%rax,4), %ymm1
+        vaddps    (%rdx,%rax,4), %ymm0, %ymm0
+        vaddps  32(%rdx,%rax,4), %ymm1, %ymm1
+        vmovups %ymm0,   (%rdi,%rax,4)
+        vmovups %ymm1, 32(%rdi,%rax,4)
+        addq    $16, %rax
+        cmpq    %rcx, %rax
+        jb      1b
+2:      vzeroupper
+        ret
+
+/* vadd_avx512: the same with one zmm per 16 elements (AVX-512F). */
+        .p2align 4
+vadd_avx512:
+        xorl    %eax, %eax
+        testq   %rcx, %rcx
+        jz      2f
+1:      vmovups (%rsi,%rax,4), %zmm0
+        vaddps  (%rdx,%rax,4), %zmm0, %zmm0
+        vmovups %zmm0, (%rdi,%rax,4)
+        addq    $16, %rax
+        cmpq    %rcx, %rax
+        jb      1b
+2:      vzeroupper
+        ret
+
+/*
+ * prefetch_kv(h = rdi), inside plan_jobs (r13 plan, r14 a QKV job): prefetcht1 the rows 0 .. pos-1 of
+ * head h's keys and values (pos * 256 bytes each), which its attention reads next.  Only a hint: no
+ * result depends on it.  Clobbers rax, rcx, rdx, rsi, rdi.
+ */
+        .p2align 4
+prefetch_kv:
+        imulq   J_A3(%r14), %rdi
+        shlq    $2, %rdi                        /* head offset in bytes */
+        movq    J_A1(%r14), %rsi
+        addq    %rdi, %rsi                      /* v_h */
+        addq    J_A0(%r14), %rdi                /* k_h */
+        movq    PL_POS(%r13), %rcx
+        shlq    $8, %rcx                        /* bytes of the rows before pos */
+        xorl    %eax, %eax
+        testq   %rcx, %rcx
+        jz      2f
+1:      prefetcht1   (%rdi,%rax)
+        prefetcht1 64(%rdi,%rax)
+        prefetcht1 128(%rdi,%rax)
+        prefetcht1 192(%rdi,%rax)
+        prefetcht1   (%rsi,%rax)
+        prefetcht1 64(%rsi,%rax)
+        prefetcht1 128(%rsi,%rax)
+        prefetcht1 192(%rsi,%rax)
+        addq    $256, %rax
+        cmpq    %rcx, %rax
+        jb      1b
+2:      ret
+
+/* ================================================================================================ */
+/* the executor, once per kernel family                                                             */
+
+/* Frame of plan_jobs (after 6 pushes and sub $72; rsp is 16-byte aligned at every call):
+ *     0, 8, 16(%rsp)  stack arguments 7-9 of the kernel being called
+ *     24(%rsp)        end of the job range          32(%rsp)  first item of the claim
+ *     40(%rsp)        end of the claim              48(%rsp)  current head
+ * Callee-saved registers: r12 ctx, r13 plan, r14 current job, r15 thread id, rbx private area,
+ * rbp the job's matvec input (x, or the private LayerNorm output). */
+#define F_END   24
+#define F_T0    32
+#define F_T1    40
+#define F_H     48
+
+        /* rbp = the job's matvec input, after its prologue (embedding add, LayerNorm) */
+        .macro  job_prologue isa, sfx
+        movq    J_X(%r14), %rbp
+        movl    J_FLAGS(%r14), %eax
+        andl    $PRO_MASK, %eax
+        jz      .Lpro_done_\sfx\()_\isa
+        testl   $PRO_EMBED, %eax
+        jz      .Lpro_ln_\sfx\()_\isa
+        movq    PL_X(%r13), %rdi                /* thread 0 writes the residual stream ...        */
+        testq   %r15, %r15
+        jz      1f
+        movq    %rbx, %rdi                      /* ... the others a private copy of it           */
+        addq    PL_E_OFF(%r13), %rdi
+1:      movq    %rdi, %rbp
+        movq    PL_C(%r13), %rcx
+        movq    PL_TOKEN(%r13), %rsi
+        imulq   %rcx, %rsi
+        shlq    $2, %rsi
+        addq    PL_WTE(%r13), %rsi              /* wte[token] */
+        movq    PL_POS(%r13), %rdx
+        imulq   %rcx, %rdx
+        shlq    $2, %rdx
+        addq    PL_WPE(%r13), %rdx              /* wpe[pos] */
+        call    vadd_\isa                       /* x = wte[token] + wpe[pos] */
+.Lpro_ln_\sfx\()_\isa:
+        movq    %rbp, %rdi
+        movq    J_G(%r14), %rsi
+        movq    J_BETA(%r14), %rdx
+        movq    %rbx, %rcx
+        addq    PL_H_OFF(%r13), %rcx
+        movq    %rcx, %rbp                      /* the matvec reads the private h */
+        movq    J_NIN(%r14), %r8
+        xcall   gpt2asm_layernorm_f32_\isa
+.Lpro_done_\sfx\()_\isa:
+        .endm
+
+        /* claim the next items: F_T0, F_T1 = [first, end); jump to \none if none is left.
+         * Fixed claims (flags bits 8-13 zero): J_CHUNK items with one lock xadd.  Guided claims (bits
+         * 8-13 = s): max(J_CHUNK, remaining >> s) items with lock cmpxchg -- large contiguous claims
+         * first, J_CHUNK-sized ones at the end, so the threads finish together. */
+        .macro  claim none
+        movl    J_FLAGS(%r14), %ecx
+        shrl    $8, %ecx
+        andl    $63, %ecx
+        jnz     5f
+        movq    J_CHUNK(%r14), %rax
+        lock xaddq %rax, J_CLAIM(%r14)
+        movq    J_N(%r14), %rcx
+        cmpq    %rcx, %rax
+        jae     \none
+        movq    %rax, F_T0(%rsp)
+        addq    J_CHUNK(%r14), %rax
+        cmpq    %rcx, %rax
+        cmova   %rcx, %rax
+        movq    %rax, F_T1(%rsp)
+        jmp     7f
+5:      movq    J_CLAIM(%r14), %rax             /* expected value */
+6:      movq    J_N(%r14), %rdx
+        cmpq    %rdx, %rax
+        jae     \none
+        subq    %rax, %rdx
+        shrq    %cl, %rdx                       /* remaining >> s */
+        cmpq    J_CHUNK(%r14), %rdx
+        cmovb   J_CHUNK(%r14), %rdx             /* at least J_CHUNK */
+        addq    %rax, %rdx
+        cmpq    J_N(%r14), %rdx
+        cmova   J_N(%r14), %rdx                 /* at most to the end */
+        lock cmpxchgq %rdx, J_CLAIM(%r14)       /* claim = rdx if still rax, else rax = claim */
+        jne     6b
+        movq    %rax, F_T0(%rsp)
+        movq    %rdx, F_T1(%rsp)
+7:
+        .endm
+
+        /* one tile of the qkv matvec for head h = F_H: tile t = \part * n_head + h (\part 1: k, 2: v)
+         * into the cache at (h * head_stride + pos * 64) floats, as tiles [0, 1) of the pointers
+         * shifted to tile t (w + t * tile_bytes, b + 64 t) */
+        .macro  qkv_tile isa, part
+        movq    F_H(%rsp), %rax
+        movq    J_N(%r14), %rcx
+        .if \part == 2
+        addq    %rcx, %rcx
+        .endif
+        addq    %rcx, %rax                      /* t */
+        movq    %rax, %rdi
+        imulq   J_TILEB(%r14), %rdi
+        addq    J_W(%r14), %rdi                 /* the tile's weights */
+        movq    %rbp, %rsi
+        shlq    $8, %rax
+        movq    J_B(%r14), %rdx
+        addq    %rax, %rdx                      /* b + 64 t */
+        movq    F_H(%rsp), %rcx
+        imulq   J_A3(%r14), %rcx
+        movq    PL_POS(%r13), %rax
+        shlq    $6, %rax
+        addq    %rax, %rcx
+        shlq    $2, %rcx
+        .if \part == 1
+        addq    J_A0(%r14), %rcx                /* k cache [h][pos] */
+        .else
+        addq    J_A1(%r14), %rcx                /* v cache [h][pos] */
+        .endif
+        movq    J_NIN(%r14), %r8
+        xorl    %r9d, %r9d                      /* tiles [0, 1) of the shifted pointers */
+        movq    $1, 0(%rsp)
+        testl   $FL_F16, J_FLAGS(%r14)
+        jnz     1f
+        xcall   gpt2asm_matvec_f32_\isa
+        jmp     2f
+1:      xcall   gpt2asm_matvec_f16_\isa
+2:
+        .endm
+
+        .macro  plan_family isa
+        .p2align 5
+/* plan_jobs_<isa>(ctx = rdi, plan = rsi, first job = rdx, end = rcx, tid = r8) */
+plan_jobs_\isa:
+        pushq   %rbp
+        pushq   %rbx
+        pushq   %r12
+        pushq   %r13
+        pushq   %r14
+        pushq   %r15
+        subq    $72, %rsp
+        movq    %rdi, %r12
+        movq    %rsi, %r13
+        movq    %rdx, %r14
+        movq    %rcx, F_END(%rsp)
+        movq    %r8, %r15
+        movq    %r8, %rbx
+        imulq   PL_PRIV_STRIDE(%r13), %rbx
+        addq    PL_PRIV(%r13), %rbx
+        cmpq    F_END(%rsp), %r14
+        jae     .Lret_\isa
+
+.Ljob_\isa:
+        movl    J_KIND(%r14), %eax
+        cmpl    $KIND_MATVEC, %eax
+        je      .Lmatvec_\isa
+        cmpl    $KIND_QKV, %eax
+        je      .Lqkv_\isa
+        cmpl    $KIND_ATTN, %eax
+        je      .Lattn_\isa
+        jmp     .Lbarrier_\isa                  /* (Python builds no other kind) */
+
+        /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them */
+.Lmatvec_\isa:
+        job_prologue \isa, mv
+.Lmv_claim_\isa:
+        claim   .Lbarrier_\isa
+        movq    J_W(%r14), %rdi
+        movq    %rbp, %rsi
+        movq    J_B(%r14), %rdx
+        movq    J_Y(%r14), %rcx
+        movq    J_NIN(%r14), %r8
+        movq    F_T0(%rsp), %r9
+        movq    F_T1(%rsp), %rax
+        movq    %rax, 0(%rsp)
+        testl   $FL_F16, J_FLAGS(%r14)
+        jnz     1f
+        xcall   gpt2asm_matvec_f32_\isa
+        jmp     2f
+1:      xcall   gpt2asm_matvec_f16_\isa
+2:      movl    J_FLAGS(%r14), %eax
+        andl    $EPI_MASK, %eax
+        jz      .Lmv_claim_\isa
+        movq    F_T0(%rsp), %rsi
+        shlq    $8, %rsi
+        movq    F_T1(%rsp), %rcx
+        shlq    $8, %rcx
+        subq    %rsi, %rcx
+        shrq    $2, %rcx                        /* 64 (t1 - t0) outputs */
+        movq    J_Y(%r14), %rdx
+        addq    %rsi, %rdx                      /* y + 64 t0 */
+        cmpl    $EPI_GELU, %eax
+        jne     3f
+        movq    %rdx, %rdi
+        movq    %rdx, %rsi
+        movq    %rcx, %rdx
+        xcall   gpt2asm_gelu_f32_\isa           /* y = gelu(y), in place */
+        jmp     .Lmv_claim_\isa
+3:      movq    J_A0(%r14), %rdi
+        addq    %rsi, %rdi                      /* x + 64 t0 */
+        movq    %rdi, %rsi
+        call    vadd_\isa                       /* x = x + y */
+        jmp     .Lmv_claim_\isa
+
+        /* ---- QKV: for the claimed heads [h0, h1): the q tiles (one call), the k tiles and the v tiles
+         * (one call per tile, straight into the cache), then their attention (one call).  Each third of
+         * c_attn is read front to back, so a claim of several heads is one forward stream per third. */
+.Lqkv_\isa:
+        job_prologue \isa, qkv
+.Lqkv_claim_\isa:
+        claim   .Lbarrier_\isa
+        movq    F_T0(%rsp), %rdi
+        call    prefetch_kv                     /* the cached rows of the first head, while the
+                                                   tiles stream */
+        movq    J_W(%r14), %rdi
+        movq    %rbp, %rsi
+        movq    J_B(%r14), %rdx
+        movq    J_Y(%r14), %rcx
+        movq    J_NIN(%r14), %r8
+        movq    F_T0(%rsp), %r9
+        movq    F_T1(%rsp), %rax
+        movq    %rax, 0(%rsp)
+        testl   $FL_F16, J_FLAGS(%r14)
+        jnz     1f
+        xcall   gpt2asm_matvec_f32_\isa         /* q tiles h0 .. h1-1 into y + 64 h */
+        jmp     2f
+1:      xcall   gpt2asm_matvec_f16_\isa
+2:      movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lqkv_k_\isa:
+        qkv_tile \isa, 1
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lqkv_k_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lqkv_v_\isa:
+        qkv_tile \isa, 2
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lqkv_v_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lqkv_att_\isa:                                 /* attention head by head, the next head's rows */
+        movq    F_H(%rsp), %rdi                 /* prefetched while this one computes */
+        incq    %rdi
+        cmpq    F_T1(%rsp), %rdi
+        jae     1f
+        call    prefetch_kv
+1:      movq    J_Y(%r14), %rdi                 /* q */
+        movq    J_A0(%r14), %rsi                /* k */
+        movq    J_A1(%r14), %rdx                /* v */
+        movq    J_A2(%r14), %rcx                /* out */
+        movq    %rbx, %r8
+        addq    PL_S_OFF(%r13), %r8             /* scratch */
+        movq    PL_POS(%r13), %r9
+        incq    %r9                             /* n_pos = pos + 1 */
+        movq    J_A3(%r14), %rax
+        movq    %rax, 0(%rsp)                   /* head_stride */
+        movq    F_H(%rsp), %rax
+        movq    %rax, 8(%rsp)                   /* head_begin */
+        incq    %rax
+        movq    %rax, 16(%rsp)                  /* head_end */
+        movq    %rax, F_H(%rsp)
+        xcall   gpt2asm_attention_f32_\isa
+        movq    F_H(%rsp), %rax
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lqkv_att_\isa
+        jmp     .Lqkv_claim_\isa
+
+        /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
+.Lattn_\isa:
+        claim   .Lbarrier_\isa
+        movq    J_Y(%r14), %rdi
+        movq    J_A0(%r14), %rsi
+        movq    J_A1(%r14), %rdx
+        movq    J_A2(%r14), %rcx
+        movq    %rbx, %r8
+        addq    PL_S_OFF(%r13), %r8
+        movq    J_A4(%r14), %r9
+        movq    J_A3(%r14), %rax
+        movq    %rax, 0(%rsp)
+        movq    F_T0(%rsp), %rax
+        movq    %rax, 8(%rsp)
+        movq    F_T1(%rsp), %rax
+        movq    %rax, 16(%rsp)
+        xcall   gpt2asm_attention_f32_\isa
+        jmp     .Lattn_\isa
+
+        /* ---- barrier: every job's outputs are complete before the next job starts */
+.Lbarrier_\isa:
+        movl    CTX_NTHREADS(%r12), %ecx
+        cmpl    $1, %ecx
+        jbe     .Lnext_\isa
+        movq    %r12, %r8
+        leaq    J_SIZE(%r14), %rax
+        cmpq    F_END(%rsp), %rax
+        jae     1f
+        leaq    J_ARRIVE(%r14), %rdi
+        leaq    J_SLEEPERS(%r14), %rdx
+        movl    $1, %esi
+        call    pool_arrive
+        jmp     .Lnext_\isa
+1:      leaq    CTX_DONE(%r12), %rdi            /* the last job: the pool's own counter, and only */
+        leaq    CTX_DONE_SLEEPERS(%r12), %rdx   /* the caller waits (the plan may be freed after) */
+        xorl    %esi, %esi
+        testq   %r15, %r15
+        sete    %sil
+        call    pool_arrive
+.Lnext_\isa:
+        addq    $J_SIZE, %r14
+        cmpq    F_END(%rsp), %r14
+        jb      .Ljob_\isa
+.Lret_\isa:
+        addq    $72, %rsp
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbx
+        popq    %rbp
+        vzeroupper
+        ret
+
+/*
+ * void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
+ *   Run jobs [job_begin, job_end) of the plan with every thread of the pool; returns when all are done.
+ */
+function gpt2asm_plan_run_\isa
+        cmpq    %rcx, %rdx
+        jae     9f
+        imulq   $J_SIZE, %rdx
+        leaq    PL_HEADER(%rsi,%rdx), %rdx      /* first job */
+        imulq   $J_SIZE, %rcx
+        leaq    PL_HEADER(%rsi,%rcx), %rcx      /* end */
+        movq    %rdx, %rax
+1:      movq    $0, J_CLAIM(%rax)               /* fresh counters (no thread is inside the plan) */
+        movq    $0, J_ARRIVE(%rax)              /* arrive and sleepers */
+        addq    $J_SIZE, %rax
+        cmpq    %rcx, %rax
+        jb      1b
+        xorl    %r8d, %r8d                      /* thread 0 */
+        cmpl    $1, CTX_NTHREADS(%rdi)
+        jbe     plan_jobs_\isa                  /* no workers: tail call */
+        movl    $0, CTX_DONE(%rdi)
+        movq    %rsi, CTX_PLAN(%rdi)
+        movq    %rdx, CTX_FIRST(%rdi)
+        movq    %rcx, CTX_END(%rdi)
+        lock incl CTX_SEQ(%rdi)                 /* publish (a full fence) */
+        cmpl    $0, CTX_SEQ_SLEEPERS(%rdi)
+        je      plan_jobs_\isa
+        pushq   %rdi
+        pushq   %rsi
+        pushq   %rdx
+        pushq   %rcx
+        subq    $8, %rsp
+        leaq    CTX_SEQ(%rdi), %rdi
+        call    pool_wake
+        addq    $8, %rsp
+        popq    %rcx
+        popq    %rdx
+        popq    %rsi
+        popq    %rdi
+        xorl    %r8d, %r8d
+        jmp     plan_jobs_\isa
+9:      ret
+endfunc
+
+/*
+ * void gpt2asm_worker_<isa>(pool_t *ctx, size_t tid);
+ *   Worker thread tid (1 .. n_threads-1): run every plan the caller starts, until shutdown.
+ */
+function gpt2asm_worker_\isa
+        pushq   %rbx
+        pushq   %r12
+        pushq   %r13
+        movq    %rdi, %r12
+        movq    %rsi, %r13
+        xorl    %ebx, %ebx                      /* generation seen: 0 (no plan ran before start) */
+1:      leaq    CTX_SEQ(%r12), %rdi
+        movl    %ebx, %esi
+        leaq    CTX_SEQ_SLEEPERS(%r12), %rdx
+        movq    CTX_SPIN(%r12), %rcx
+        leaq    CTX_PARKS(%r12), %r8
+        call    pool_wait_ne
+        movl    CTX_SEQ(%r12), %ebx
+        cmpl    $0, CTX_SHUTDOWN(%r12)
+        jne     9f
+        movq    %r12, %rdi
+        movq    CTX_PLAN(%r12), %rsi
+        movq    CTX_FIRST(%r12), %rdx
+        movq    CTX_END(%r12), %rcx
+        movq    %r13, %r8
+        call    plan_jobs_\isa
+        jmp     1b
+9:      popq    %r13
+        popq    %r12
+        popq    %rbx
+        vzeroupper
+        ret
+endfunc
+        .endm
+
+        plan_family avx2
+        plan_family avx512

@@ -1,0 +1,202 @@
+"""AArch64 CPU probing: which of gpt2asm's Arm kernel families (neon, sme2) this machine can run.
+
+Linux reads the ELF auxiliary vector (getauxval(AT_HWCAP) and getauxval(AT_HWCAP2) from libc, through
+ctypes); macOS reads sysctlbyname("hw.optional.arm.FEAT_SME2") and friends.  The streaming vector length
+(SVL) comes from the assembly function gpt2asm_rdsvl (RDSVL), which is called only when the OS reports
+SME: on a CPU without it RDSVL is an illegal instruction.
+
+    arm_features() -> dict     what the CPU/OS offers (booleans) plus "svl_bytes" (0 without SME)
+    arm_families() -> list     the usable families, best last: [], ["neon"] or ["neon", "sme2"]
+    arm_notes()    -> list     why a family the CPU nearly supports is not used (e.g. an SVL above 512)
+
+Nothing here runs on x86-64 unless called: the module imports on any platform (the pure decoding
+functions are tested everywhere; the probes under qemu-aarch64, see tools/arm64/).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+AT_HWCAP = 16
+AT_HWCAP2 = 26
+
+# Linux arch/arm64/include/uapi/asm/hwcap.h: feature name -> bit, in AT_HWCAP ...
+HWCAP_BITS = {
+    "fp": 0, "asimd": 1, "aes": 3, "pmull": 4, "sha1": 5, "sha2": 6, "crc32": 7, "atomics": 8,
+    "fphp": 9, "asimdhp": 10, "cpuid": 11, "asimdrdm": 12, "jscvt": 13, "fcma": 14, "lrcpc": 15,
+    "dcpop": 16, "sha3": 17, "sm3": 18, "sm4": 19, "asimddp": 20, "sha512": 21, "sve": 22,
+    "asimdfhm": 23, "dit": 24, "uscat": 25, "ilrcpc": 26, "flagm": 27, "ssbs": 28, "sb": 29,
+    "paca": 30, "pacg": 31,
+}
+# ... and in AT_HWCAP2
+HWCAP2_BITS = {
+    "sve2": 1, "i8mm": 13, "bf16": 14, "bti": 17,
+    "sme": 23, "sme_i16i64": 24, "sme_f64f64": 25, "sme_i8i32": 26, "sme_f16f32": 27,
+    "sme_b16f32": 28, "sme_f32f32": 29, "sme_fa64": 30, "sve2p1": 36, "sme2": 37, "sme2p1": 38,
+    "sme_i16i32": 39, "sme_bi32i32": 40, "sme_b16b16": 41, "sme_f16f16": 42,
+}
+# macOS: feature name -> sysctl names (the first that exists wins; a missing name means "no")
+SYSCTL_NAMES = {
+    "fp": ["hw.optional.floatingpoint"],
+    "asimd": ["hw.optional.arm.AdvSIMD", "hw.optional.neon"],
+    "fphp": ["hw.optional.arm.FEAT_FP16", "hw.optional.neon_fp16"],
+    "asimdhp": ["hw.optional.arm.FEAT_FP16", "hw.optional.neon_fp16"],
+    "asimddp": ["hw.optional.arm.FEAT_DotProd"],
+    "asimdfhm": ["hw.optional.arm.FEAT_FHM"],
+    "i8mm": ["hw.optional.arm.FEAT_I8MM"],
+    "bf16": ["hw.optional.arm.FEAT_BF16"],
+    "sve": ["hw.optional.arm.FEAT_SVE"],
+    "sve2": ["hw.optional.arm.FEAT_SVE2"],
+    "sme": ["hw.optional.arm.FEAT_SME"],
+    "sme2": ["hw.optional.arm.FEAT_SME2"],
+    "sme2p1": ["hw.optional.arm.FEAT_SME2p1"],
+    "sme_fa64": ["hw.optional.arm.FEAT_SME_FA64"],
+    "sme_i16i64": ["hw.optional.arm.FEAT_SME_I16I64"],
+    "sme_f64f64": ["hw.optional.arm.FEAT_SME_F64F64"],
+    "sme_i8i32": ["hw.optional.arm.SME_I8I32"],
+    "sme_f16f32": ["hw.optional.arm.SME_F16F32"],
+    "sme_b16f32": ["hw.optional.arm.SME_B16F32"],
+    "sme_f32f32": ["hw.optional.arm.SME_F32F32"],
+    "sme_i16i32": ["hw.optional.arm.SME_I16I32"],
+    "sme_bi32i32": ["hw.optional.arm.SME_BI32I32"],
+    "sme_b16b16": ["hw.optional.arm.FEAT_SME_B16B16", "hw.optional.arm.SME_B16B16"],
+    "sme_f16f16": ["hw.optional.arm.FEAT_SME_F16F16", "hw.optional.arm.SME_F16F16"],
+}
+FEATURES = sorted(set(HWCAP_BITS) | set(HWCAP2_BITS) | set(SYSCTL_NAMES))
+
+ARM_FAMILIES = ["neon", "sme2"]            # the -s order on Arm: 0 = neon, 1 = sme2
+SME2_SVL_BYTES = (16, 32, 64)              # SVL 128, 256, 512 bits: what the sme2 kernels handle
+
+
+# --------------------------------------------------------------------------------------------------
+# decoding (pure; testable anywhere)
+
+def decode_hwcaps(hwcap: int, hwcap2: int) -> dict[str, bool]:
+    """Feature booleans from Linux's AT_HWCAP / AT_HWCAP2 words."""
+    f = {name: False for name in FEATURES}
+    f.update({name: bool(hwcap >> bit & 1) for name, bit in HWCAP_BITS.items()})
+    f.update({name: bool(hwcap2 >> bit & 1) for name, bit in HWCAP2_BITS.items()})
+    return f
+
+
+def families_from(features: dict) -> list[str]:
+    """The usable families for a feature dict, best last."""
+    out = []
+    if features.get("asimd") and features.get("fp", True):
+        out.append("neon")
+        if features.get("sme2") and features.get("svl_bytes", 0) in SME2_SVL_BYTES:
+            out.append("sme2")
+    return out
+
+
+def notes_from(features: dict) -> list[str]:
+    """Human-readable reasons why sme2 is not used although the CPU has SME2."""
+    notes = []
+    svl = features.get("svl_bytes", 0)
+    if features.get("sme2") and svl not in SME2_SVL_BYTES:
+        notes.append(f"SME2 present but its streaming vector length is {svl * 8} bits; the sme2 kernels "
+                     f"handle 128, 256 and 512, so NEON is used")
+    return notes
+
+
+# --------------------------------------------------------------------------------------------------
+# probing the running machine
+
+def _linux_hwcaps() -> tuple[int, int]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    getauxval = libc.getauxval
+    getauxval.argtypes = [ctypes.c_ulong]
+    getauxval.restype = ctypes.c_ulong
+    return int(getauxval(AT_HWCAP)), int(getauxval(AT_HWCAP2))
+
+
+def _sysctl_int(libc, name: str) -> int | None:
+    """An integer sysctl by name, or None if it does not exist."""
+    value = ctypes.c_uint64(0)
+    size = ctypes.c_size_t(ctypes.sizeof(value))
+    if libc.sysctlbyname(name.encode(), ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+        return None
+    return value.value & ((1 << (8 * size.value)) - 1) if size.value < 8 else value.value
+
+
+def _darwin_features() -> dict[str, bool]:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "/usr/lib/libSystem.B.dylib")
+    libc.sysctlbyname.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                  ctypes.c_void_p, ctypes.c_size_t]
+    libc.sysctlbyname.restype = ctypes.c_int
+    f = {name: False for name in FEATURES}
+    for feature, names in SYSCTL_NAMES.items():
+        for name in names:
+            v = _sysctl_int(libc, name)
+            if v is not None:
+                f[feature] = bool(v)
+                break
+    f["fp"] = f["fp"] or f["asimd"]             # every Apple arm64 CPU
+    svl = _sysctl_int(libc, "hw.optional.arm.sme_max_svl_b")
+    f["_sysctl_max_svl_bytes"] = svl or 0
+    return f
+
+
+def read_svl(lib=None) -> int:
+    """Streaming vector length in bytes, from gpt2asm_rdsvl.  Only call it on a CPU with SME."""
+    if lib is None:
+        from .kernels import load_library
+        lib = load_library()
+    fn = lib.gpt2asm_rdsvl
+    fn.argtypes = []
+    fn.restype = ctypes.c_uint64
+    return int(fn())
+
+
+_cache: dict | None = None
+
+
+def arm_features(lib=None, refresh: bool = False) -> dict:
+    """What this AArch64 machine offers: {feature: bool} (names as in HWCAP_BITS / HWCAP2_BITS, e.g.
+    "asimd", "fphp", "asimdhp", "sme", "sme2", "sme_f16f16", "sme_fa64"), plus
+    "os" ("linux" or "darwin"), "hwcap" and "hwcap2" (Linux; 0 on macOS) and "svl_bytes" (the streaming
+    vector length in bytes from RDSVL; 0 without SME).  lib: a loaded libgpt2asm (default: the package's).
+    Cached after the first call (refresh=True probes again)."""
+    global _cache
+    if _cache is not None and not refresh and lib is None:
+        return dict(_cache)
+    if sys.platform == "darwin":
+        f = _darwin_features()
+        f.update(os="darwin", hwcap=0, hwcap2=0)
+    elif sys.platform.startswith("linux"):
+        hwcap, hwcap2 = _linux_hwcaps()
+        f = decode_hwcaps(hwcap, hwcap2)
+        f.update(os="linux", hwcap=hwcap, hwcap2=hwcap2)
+    else:
+        f = {name: False for name in FEATURES}
+        f.update(os=sys.platform, hwcap=0, hwcap2=0)
+    f["svl_bytes"] = 0
+    if f["sme"]:
+        try:
+            f["svl_bytes"] = read_svl(lib)
+        except (AttributeError, OSError):         # an old library without gpt2asm_rdsvl
+            f["svl_bytes"] = 0
+    f.pop("_sysctl_max_svl_bytes", None)
+    if lib is None:
+        _cache = dict(f)
+    return f
+
+
+def arm_families(lib=None) -> list[str]:
+    """Kernel families this AArch64 machine can run, best last, among ARM_FAMILIES: "neon" with Advanced
+    SIMD; "sme2" too with SME2 and an SVL of 128, 256 or 512 bits."""
+    return families_from(arm_features(lib))
+
+
+def arm_notes(lib=None) -> list[str]:
+    return notes_from(arm_features(lib))
+
+
+if __name__ == "__main__":                      # python -m gpt2asm.cpu_arm: print what was found
+    feats = arm_features()
+    print(" ".join(k for k in FEATURES if feats.get(k)))
+    print(f"svl_bytes={feats['svl_bytes']} hwcap={feats['hwcap']:#x} hwcap2={feats['hwcap2']:#x}")
+    print("families:", " ".join(arm_families()) or "none")
+    for note in arm_notes():
+        print("note:", note)

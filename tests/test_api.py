@@ -1,0 +1,198 @@
+"""The Python API: load, encode/decode, logits, generate/stream with stop strings, sessions that reuse the
+KV cache (identical to a cold start), KV snapshots to bytes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpt2asm import GPT2, ContextOverflowError, InvalidArgumentError
+from gpt2asm.engine import Session
+
+PROMPT = "Alan Turing theorized that computers would one day become"
+
+
+@pytest.fixture(scope="module")
+def m(ckpt_tiny):
+    with GPT2.load(ckpt_tiny) as model:
+        yield model
+
+
+def test_load_forms(ckpt_tiny):
+    a = GPT2.load(ckpt_tiny)
+    b = GPT2.load(str(ckpt_tiny / "model.safetensors"), dtype="fp32", threads=2)
+    c = GPT2.load(ckpt_tiny, dtype="F16")
+    assert a.model_dir == b.model_dir and b.threads == 2 and c.dtype == "f16"
+    assert "n_layer=2" in repr(a)
+    ids = a.encode(PROMPT)
+    assert np.array_equal(a.logits(ids), b.logits(ids))            # -j does not change a bit
+    for bad in (dict(dtype="f64"), dict(dtype=None), dict(threads=0), dict(threads=True), dict(threads=2.0),
+                dict(threads=257), dict(isa="sse9"), dict(isa=99)):
+        with pytest.raises(InvalidArgumentError):
+            GPT2.load(ckpt_tiny, **bad)
+    with pytest.raises(InvalidArgumentError):
+        GPT2.load(12345)
+
+
+def test_encode_decode_logits(m):
+    ids = m.encode("Hello world, ünïcödé 🙂")
+    assert m.decode(ids) == "Hello world, ünïcödé 🙂"
+    assert m.decode(np.array(ids, dtype=np.int64)) == m.decode(ids)
+    full = m.logits(ids)
+    assert full.shape == (len(ids), m.config.vocab_size) and full.dtype == np.float32
+    st = m.model.new_state()
+    steps = np.stack([m.model.step(st, t).copy() for t in ids])
+    assert np.array_equal(full.view(np.uint32), steps.view(np.uint32))
+    with pytest.raises(InvalidArgumentError):
+        m.logits([])
+    with pytest.raises(ContextOverflowError) as e:
+        m.logits([1] * (m.n_ctx + 1))
+    assert (e.value.needed, e.value.available) == (m.n_ctx + 1, m.n_ctx)
+
+
+def test_generate_and_stream(m):
+    text = m.generate(PROMPT, max_new_tokens=24, temperature=0)
+    assert "".join(m.stream(PROMPT, max_new_tokens=24, temperature=0)) == text
+    assert m.generate(PROMPT, max_new_tokens=0) == ""
+    # the same seed gives the same text; no seed gives fresh randomness
+    kw = dict(max_new_tokens=16, temperature=1.0, top_k=40, top_p=0.95, repetition_penalty=1.1)
+    assert m.generate(PROMPT, seed=5, **kw) == m.generate(PROMPT, seed=5, **kw)
+    assert len({m.generate(PROMPT, **kw) for _ in range(4)}) > 1
+    ids = list(m.generate_ids(m.encode(PROMPT), 24, temperature=0))
+    assert m.decode(ids) == text
+
+
+def test_stop_strings(m):
+    text = m.generate(PROMPT, max_new_tokens=40, temperature=0)
+    stop = text[12:16]
+    cut = text.find(stop)
+    assert m.generate(PROMPT, max_new_tokens=40, temperature=0, stop=[stop]) == text[:cut]
+    assert m.generate(PROMPT, max_new_tokens=40, temperature=0, stop=stop) == text[:cut]
+    assert "".join(m.stream(PROMPT, max_new_tokens=40, temperature=0, stop=["zzzz-never", stop])) == text[:cut]
+    assert m.generate(PROMPT, max_new_tokens=40, temperature=0, stop=["zzzz-never"]) == text
+    for bad in (5, [1], [b"x"], {"a": 1}):
+        with pytest.raises(InvalidArgumentError):
+            m.generate(PROMPT, max_new_tokens=4, stop=bad)
+
+
+@pytest.mark.parametrize("kw", [dict(max_new_tokens=-1), dict(max_new_tokens=1.5), dict(max_new_tokens=True),
+                                dict(max_new_tokens="3"), dict(temperature=-0.1), dict(temperature=float("nan")),
+                                dict(temperature=float("inf")), dict(temperature=101), dict(temperature="1"),
+                                dict(top_k=-1), dict(top_k=2.5), dict(top_k=True), dict(top_p=0), dict(top_p=1.01),
+                                dict(top_p=float("nan")), dict(repetition_penalty=0),
+                                dict(repetition_penalty=-1), dict(repetition_penalty=1000), dict(seed=-1),
+                                dict(seed=2 ** 64), dict(seed=1.0), dict(seed="7"), dict(temp=0.5)])
+def test_every_argument_checked(m, kw):
+    kw = {"max_new_tokens": 3, **kw}
+    with pytest.raises(InvalidArgumentError):
+        m.generate("Hi", **kw)
+    with pytest.raises(InvalidArgumentError):
+        m.stream("Hi", **kw)                       # checked before the first piece is asked for
+    with pytest.raises(InvalidArgumentError):
+        m.session().generate("Hi", **kw)
+    assert m.generate("Hi", max_new_tokens=2, temperature=0)   # and the model is still fine
+
+
+def test_session_reuses_prefix_and_matches_cold_start(m):
+    s = m.session()
+    chat = "Q: What is a computer?\nA:"
+    for turn, (temp, seed) in enumerate([(0, 1), (0.9, 2), (1.2, 3), (0, 4)]):
+        kw = dict(max_new_tokens=12, temperature=temp, seed=seed, top_k=50)
+        cold = m.generate(chat, **kw)
+        warm = s.generate(chat, **kw)
+        assert warm == cold, f"turn {turn}"
+        if turn:
+            assert s.reused > 0 and s.prefilled < len(m.encode(chat))
+        last = chat
+        chat += warm + f"\nQ: And number {turn}?\nA:"
+    n = len(s.tokens)
+    assert s.n == n > 0
+    # the same text again: everything but the last token comes from the cache
+    again = s.generate(last, max_new_tokens=5, temperature=0)
+    assert s.reused == len(m.encode(last)) - 1 and s.prefilled == 1
+    assert again == m.generate(last, max_new_tokens=5, temperature=0)
+    # a different text: only the shared prefix is reused
+    other = "Q: What is a computer?\nA: a dog"
+    assert s.generate(other, max_new_tokens=6, temperature=0) == m.generate(other, max_new_tokens=6, temperature=0)
+    assert 0 < s.reused < len(m.encode(other))
+
+
+def test_session_streaming_and_stop(m):
+    s = m.session()
+    text = m.generate(PROMPT, max_new_tokens=30, temperature=0)
+    stop = text[10:13]
+    got = "".join(s.stream(PROMPT, max_new_tokens=30, temperature=0, stop=[stop]))
+    assert got == text[:text.find(stop)]
+    follow = PROMPT + got + " and"
+    assert s.generate(follow, max_new_tokens=8, temperature=0) == m.generate(follow, max_new_tokens=8, temperature=0)
+    assert s.reused >= len(m.encode(PROMPT))
+
+
+def test_session_survives_errors_and_abandoned_streams(m):
+    s = m.session()
+    s.generate("Hello", max_new_tokens=4, temperature=0)
+    before = list(s.tokens)
+    with pytest.raises(ContextOverflowError) as e:
+        s.generate("Hello", max_new_tokens=m.n_ctx)
+    assert e.value.available == m.n_ctx and e.value.needed > m.n_ctx
+    assert s.tokens == before
+    it = s.stream("Hello there, friend", max_new_tokens=20, temperature=0)
+    next(it)
+    next(it)
+    it.close()                                               # abandoned half way: cache and tokens agree
+    assert s._state.n == len(s.tokens)
+    p = "Hello there, friend of mine"
+    assert s.generate(p, max_new_tokens=6, temperature=0) == m.generate(p, max_new_tokens=6, temperature=0)
+    s.reset()
+    assert s.n == 0 and s.generate(p, max_new_tokens=6, temperature=0) == m.generate(p, max_new_tokens=6,
+                                                                                     temperature=0)
+
+
+def test_session_logits(m):
+    s = m.session()
+    ids = m.encode(PROMPT)
+    full = m.logits(ids)
+    assert np.array_equal(s.logits(ids[:5]), full[4])
+    assert np.array_equal(s.logits(ids), full[-1]) and s.reused == 5
+    with pytest.raises(InvalidArgumentError):
+        s.logits([m.config.vocab_size])
+
+
+def test_snapshot_roundtrip(m, ckpt_tiny):
+    s = m.session()
+    s.generate(PROMPT, max_new_tokens=10, temperature=0.7, seed=9)
+    blob = s.snapshot()
+    assert isinstance(blob, bytes)
+    cont = PROMPT + " and so"
+    r = Session.from_bytes(m, blob)
+    assert r.tokens == s.tokens
+    assert r.generate(cont, max_new_tokens=8, temperature=0) == m.generate(cont, max_new_tokens=8, temperature=0)
+    assert r.reused >= len(m.encode(PROMPT))
+    # into an existing session, replacing what it held
+    t = m.session()
+    t.generate("Something else entirely", max_new_tokens=3, temperature=0)
+    t.restore(blob)
+    assert t.tokens == s.tokens
+    # an empty session's snapshot; the model's shortcut
+    assert Session.from_bytes(m, m.session().snapshot()).n == 0
+    assert m.session(blob).tokens == s.tokens
+
+
+def test_snapshot_rejects_damage_and_other_models(m, ckpt_tiny):
+    s = m.session()
+    s.generate(PROMPT, max_new_tokens=4, temperature=0)
+    blob = s.snapshot()
+    victim = m.session()
+    victim.generate("Keep me", max_new_tokens=2, temperature=0)
+    keep = list(victim.tokens)
+    bad = [b"", b"GPT2ASM", blob[:-1], blob[:40], blob + b"x", b"x" + blob[1:], "not bytes", None,
+           bytes(len(blob))]
+    flipped = bytearray(blob)
+    flipped[len(blob) // 2] ^= 1
+    bad.append(bytes(flipped))
+    for b in bad:
+        with pytest.raises(InvalidArgumentError):
+            victim.restore(b)
+        assert victim.tokens == keep                          # nothing changed
+    other = GPT2.load(ckpt_tiny, dtype="f16")                 # same shapes, other numbers
+    with pytest.raises(InvalidArgumentError, match="another model"):
+        other.session().restore(blob)

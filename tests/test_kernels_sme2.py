@@ -1,0 +1,457 @@
+"""checkasm-style tests of the SME2 matrix-vector kernels (asm/aarch64/matvec_sme2.S):
+
+    gpt2asm_matvec_f32_sme2, gpt2asm_matvec_f16_sme2                     (docs/kernels.md)
+
+They run on AArch64 only: real hardware with SME2, or x86-64 through `make test-arm64`, which runs this
+file under qemu-aarch64 once per streaming vector length (tools/arm64/run_tests.py: -cpu
+max,sme512=on,sme_fa64=off, then sme256 and sme128; in its `nosme` configuration everything skips).
+FA64 is off as on Apple's M4, so an instruction that is illegal in streaming mode traps (SIGILL);
+every kernel is first run in a forked child so that such a trap, or a fault, is reported as a test
+failure with the signal's name instead of killing the test process.
+
+Each call is checked exactly as the x86 kernels are (tests/test_kernels_matvec.py, whose helpers this
+file reuses):
+  * bit for bit against `contract_ref`, the documented per-output sequence acc = +0.0;
+    acc = fma(w, x[i], acc) ...; y = acc + b in an exact binary32 FMA model (NaN-ness compared, NaN
+    payloads not), so SME2 gives the same bits as AVX2/AVX-512 and NEON;
+  * against float64 (`W @ x + b`) within the documented bound;
+  * its memory contract: buffers inside 4 KiB canaries, x, b, y misaligned by 4 bytes, outputs outside
+    the tile range untouched, inputs unchanged; and, in a forked child, every buffer butting against
+    PROT_NONE pages (w holding only the tiles of the range), so one byte of over-read faults.
+Tile counts and ranges cover every pass shape of every SVL (512: 4, 2 and 1 tiles a pass; 256: 2, 1;
+128: 1) and row counts every tail (n_in % 4).
+
+Run:  tools/arm64/run_tests.py --cpus "sme512 sme256 sme128" tests/test_kernels_sme2.py   (on x86-64)
+      pytest tests/test_kernels_sme2.py                                                 (on Arm)
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+
+from arm64_qemu import IS_ARM, qemu_config, qemu_cpu, qemu_svl_bits  # noqa: E402
+# the x86 matvec tests' helpers: the exact fma model, references, guarded buffers, the checker
+from test_kernels_matvec import (DTYPES, TILE, Y_FILL, NativeRunner, PageFenced,  # noqa: E402
+                                 contract_ref, random_case, run_and_check, same_bits, tile_weights)
+
+pytestmark = pytest.mark.skipif(not IS_ARM, reason="AArch64 only (make test-arm64 runs it under qemu)")
+
+P, S = ctypes.c_void_p, ctypes.c_size_t
+ISA = "sme2"
+SVL_BYTES_OK = (16, 32, 64)          # SVL 128, 256, 512 bits: what the kernels handle
+
+
+def symbol(dtype: str, isa: str = ISA) -> str:
+    return f"gpt2asm_matvec_{dtype}_{isa}"
+
+
+# --------------------------------------------------------------------------------------------------
+# the library and the CPU
+
+_STATE: dict = {}
+
+
+def _load() -> ctypes.CDLL:
+    """The aarch64 library: $GPT2ASM_TEST_LIB, or the package's (gpt2asm.kernels.load_library)."""
+    if "lib" not in _STATE:
+        if os.environ.get("GPT2ASM_TEST_LIB"):
+            lib = ctypes.CDLL(os.environ["GPT2ASM_TEST_LIB"])
+        else:
+            from gpt2asm.kernels import load_library
+            lib = load_library()
+        for dtype in DTYPES:
+            for isa in (ISA, "neon"):
+                fn = getattr(lib, symbol(dtype, isa), None)
+                if fn is not None:
+                    fn.argtypes = [P, P, P, P, S, S, S]
+                    fn.restype = None
+        _STATE["lib"] = lib
+    return _STATE["lib"]
+
+
+def _features(lib) -> dict:
+    from gpt2asm import cpu_arm
+    return cpu_arm.arm_features(lib)
+
+
+def _child_calls(lib, jobs) -> tuple[bool, str]:
+    """Run (dtype, wt, x, b, tb, te) calls in a forked child: (True, "") if all ran and matched the
+    contract, else (False, why): a signal's name, "wrong result" or "Python exception in the child"."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            for dtype, wt, x, b, tb, te in jobs:
+                y = np.full(wt.shape[0] * TILE, Y_FILL, np.uint32).view(np.float32)
+                getattr(lib, symbol(dtype))(wt.ctypes.data, x.ctypes.data, None if b is None else b.ctypes.data,
+                                            y.ctypes.data, wt.shape[1], tb, te)
+                if not same_bits(y[TILE * tb:TILE * te], contract_ref(wt, x, b, tb, te)).all():
+                    code = 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        hint = {"SIGILL": " (an instruction illegal here: in streaming mode without FA64?)",
+                "SIGSEGV": " (read or wrote outside its buffers)", "SIGBUS": " (misaligned access?)",
+                "SIGTRAP": " (brk: unsupported streaming vector length?)"}.get(sig, "")
+        return False, f"killed by {sig}{hint}"
+    code = os.WEXITSTATUS(status)
+    return code == 0, {0: "", 3: "wrong result", 4: "Python exception in the child"}.get(code, f"exit {code}")
+
+
+@pytest.fixture(scope="module")
+def lib():
+    """The library, once it is known that this CPU runs the SME2 kernels and that they do not trap."""
+    if not IS_ARM:
+        pytest.skip("AArch64 only")
+    lib = _load()
+    missing = [symbol(d) for d in DTYPES if not hasattr(lib, symbol(d))]
+    if missing:
+        pytest.fail(f"the library lacks {missing}")
+    f = _features(lib)
+    if not f.get("sme2"):
+        pytest.skip(f"no SME2 on this CPU ({qemu_cpu() or 'real hardware'})")
+    if f["svl_bytes"] not in SVL_BYTES_OK:
+        pytest.skip(f"SVL {f['svl_bytes'] * 8} bits: the sme2 kernels need 128, 256 or 512 (NEON is used)")
+    if "probe" not in _STATE:
+        rng = np.random.default_rng(99)
+        jobs = []
+        for dtype in DTYPES:                      # every pass shape and every tail, once
+            for n_in, nt, tb, te in ((5, 7, 0, 7), (6, 3, 1, 3), (4, 1, 0, 1), (7, 2, 0, 2)):
+                wt, x, b = random_case(rng, dtype, n_in, nt, bias=n_in % 2 == 1)
+                jobs.append((dtype, wt, x, b, tb, te))
+        _STATE["probe"] = _child_calls(lib, jobs)
+    ok, why = _STATE["probe"]
+    if not ok and why != "wrong result":            # wrong results: the tests below say where
+        pytest.fail(f"first calls of the SME2 kernels (in a child process): {why}")
+    return lib
+
+
+@pytest.fixture(scope="module", params=list(DTYPES))
+def runners(request, lib):
+    dtype = request.param
+    return dtype, [NativeRunner(lib, dtype, ISA)]
+
+
+# --------------------------------------------------------------------------------------------------
+# the environment: the configuration under test is what it claims (so FA64-illegal code would trap)
+
+def test_cpu_configuration(lib):
+    f = _features(lib)
+    svl = qemu_svl_bits()
+    if svl is not None:                                      # under qemu: the -cpu option's SVL
+        assert f["svl_bytes"] * 8 == svl, (qemu_cpu(), f["svl_bytes"])
+    if "sme_fa64=off" in (qemu_cpu() or ""):
+        assert not f["sme_fa64"], "FA64 reported although the emulated CPU has it off"
+    from gpt2asm import cpu_arm
+    assert "sme2" in cpu_arm.families_from(f)
+
+
+# --------------------------------------------------------------------------------------------------
+# results: bit-exact against the contract, within the float64 bound, memory contract
+
+# (n_tiles, tile_begin, tile_end): at SVL 512 ranges of 1..9 tiles exercise passes of 4, 2 and 1 tiles
+# in every combination; ranges that start and end inside the matrix
+RANGES = [(1, 0, 1), (2, 0, 2), (3, 0, 3), (4, 0, 4), (5, 0, 5), (6, 0, 6), (7, 0, 7), (9, 0, 9),
+          (8, 1, 8), (11, 2, 10), (6, 5, 6), (5, 1, 4)]
+
+
+@pytest.mark.parametrize("n_in", [1, 2, 3, 4, 5, 7, 8, 17, 63, 65])
+def test_sizes(runners, n_in):
+    """Every row tail (n_in % 4), 1..11 tiles, ranges that do not start at 0, with and without bias."""
+    dtype, rs = runners
+    rng = np.random.default_rng(2000 + n_in)
+    for k, (nt, tb, te) in enumerate(RANGES):
+        wt, x, b = random_case(rng, dtype, n_in, nt, bias=k % 2 == 0)
+        run_and_check(rs, wt, x, b, tb, te, seed=k)
+
+
+@pytest.mark.parametrize("n_in, nt, tb, te", [(768, 7, 0, 7), (3071, 3, 1, 2)])
+def test_long_rows(runners, n_in, nt, tb, te):
+    """GPT-2 sized inputs (many row blocks): rounding accumulates exactly as the contract says."""
+    dtype, rs = runners
+    rng = np.random.default_rng(n_in + nt)
+    wt, x, b = random_case(rng, dtype, n_in, nt, bias=True)
+    run_and_check(rs, wt, x, b, tb, te)
+
+
+def test_split_ranges(runners):
+    """Tiles split between callers (as threads do) give the same bits as one call over all of them."""
+    dtype, rs = runners
+    rng = np.random.default_rng(21)
+    nt, n_in = 13, 96
+    wt, x, b = random_case(rng, dtype, n_in, nt)
+    whole = run_and_check(rs, wt, x, b, 0, nt, f64=False)[0]
+    for cuts in ((0, 5, 13), (0, 1, 2, 3, 7, 13), (0, 6, 6, 11, 13)):
+        for lo, hi in zip(cuts, cuts[1:]):
+            part = run_and_check(rs, wt, x, b, lo, hi, f64=False)[0]
+            assert np.array_equal(part[TILE * lo:TILE * hi].view(np.uint32),
+                                  whole[TILE * lo:TILE * hi].view(np.uint32))
+
+
+def test_empty_range(runners):
+    dtype, rs = runners
+    rng = np.random.default_rng(5)
+    wt, x, b = random_case(rng, dtype, 9, 3)
+    for tb in (0, 2, 3):
+        run_and_check(rs, wt, x, b, tb, tb)
+
+
+def test_exact_integers(runners):
+    """Small integers times powers of two: every partial sum is exact, so the result is the exact dot
+    product whatever the order (checks the arithmetic independently of the order model)."""
+    dtype, rs = runners
+    rng = np.random.default_rng(11)
+    for n_in, nt, scale in ((768, 3, 2.0 ** -100), (333, 2, 2.0 ** 60), (64, 5, 1.0)):
+        W = rng.integers(-7, 8, (nt * TILE, n_in)) * 2.0 ** rng.integers(-2, 3, (nt * TILE, n_in))
+        xi = rng.integers(-7, 8, n_in) * 2.0 ** rng.integers(-2, 3, n_in)
+        W[:, ::5] = 0
+        b = (rng.integers(-100, 101, nt * TILE) * scale).astype(np.float32)
+        exact = (W @ xi) * scale
+        wt = tile_weights(W.astype(DTYPES[dtype]))
+        x = (xi * scale).astype(np.float32)
+        for bias in (b, None):
+            exp = ((exact + (bias if bias is not None else 0.0)) + 0.0).astype(np.float32)
+            for run in rs:
+                y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
+                y = run(wt, x, bias, y0, 0, nt)
+                assert np.array_equal(y.view(np.uint32), exp.view(np.uint32)), \
+                    f"{run.name}: not the exact dot product ({np.flatnonzero(y != exp)[:8]})"
+
+
+def test_signed_zeros(runners):
+    """acc starts at +0.0 (ZA is zeroed): all-zero products of either sign give +0.0, also with b = -0."""
+    dtype, rs = runners
+    f = DTYPES[dtype]
+    nt, n_in = 3, 5
+    cases = [
+        (np.zeros((nt, n_in, TILE), f), -np.ones(n_in, np.float32)),
+        (np.full((nt, n_in, TILE), -0.0, f), np.ones(n_in, np.float32)),
+        (np.full((nt, n_in, TILE), -0.0, f), np.full(n_in, -0.0, np.float32)),
+        (np.ones((nt, n_in, TILE), f), np.full(n_in, -0.0, np.float32)),
+    ]
+    for wt, x in cases:
+        for b in (None, np.full(nt * TILE, -0.0, np.float32), np.zeros(nt * TILE, np.float32)):
+            for run in rs:
+                y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
+                y = run(wt, x, b, y0, 0, nt)
+                assert np.all(y.view(np.uint32) == 0), f"{run.name}: expected +0.0, got {y[:4]}"
+    wt = np.zeros((1, 3, TILE), f)
+    wt[0, 0], wt[0, 1], wt[0, 2] = 1, -1, -0.0
+    run_and_check(rs, wt, np.array([3, 3, 5], np.float32), None, 0, 1)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")   # the model widening NaN halves
+def test_nan_inf_propagation(runners):
+    """NaN where x86 gives NaN: a NaN / inf weight reaches exactly its own output (whichever ZA vector
+    and lane holds it, de-interleaved for fp16), a NaN / inf input every output."""
+    dtype, rs = runners
+    rng = np.random.default_rng(3)
+    nt, n_in = 5, 19
+    wt, x, b = random_case(rng, dtype, n_in, nt)
+    special = {}
+    for t, i, j, v in ((0, 4, 7, np.nan), (1, 0, 63, np.inf), (1, 18, 0, -np.inf), (2, 3, 1, np.nan),
+                       (3, 17, 33, np.inf), (4, 8, 62, -np.inf), (4, 2, 17, np.nan)):
+        wt[t, i, j] = v
+        special[TILE * t + j] = "nan" if np.isnan(v) else ("inf" if v > 0 else "-inf")
+    wt[2, 9, 31] = np.inf                       # inf * 0 = NaN in this output only
+    x[9] = 0.0
+    special[TILE * 2 + 31] = "nan"
+    wt[3, 10, 30], wt[3, 11, 30] = np.inf, -np.inf       # inf - inf = NaN
+    special[TILE * 3 + 30] = "nan"
+    x[0], x[18], x[17], x[8], x[10], x[11] = 1.5, 2.0, 0.5, 3.0, 1.0, 1.0
+    for bias in (b, None):
+        y = run_and_check(rs, wt, x, bias, 0, nt)[0]
+        for o, kind in special.items():
+            assert (np.isnan(y[o]) if kind == "nan" else y[o] == float(kind)), f"output {o}: {y[o]}, {kind}"
+        rest = np.setdiff1d(np.arange(nt * TILE), list(special))
+        assert np.isfinite(y[rest]).all(), "a special weight leaked into other outputs"
+    # a NaN input: every output of the range; +inf: the sign of w, NaN where w == 0
+    wt, x, b = random_case(rng, dtype, n_in, nt)
+    x[5] = np.nan
+    y = run_and_check(rs, wt, x, b, 1, 4)[0]
+    assert np.isnan(y[TILE:4 * TILE]).all()
+    wt, x, b = random_case(rng, dtype, n_in, nt)
+    x[18] = np.inf                              # in the row tail (19 = 4*4 + 3)
+    wt[:, 18, :8] = 0
+    y = run_and_check(rs, wt, x, b, 0, nt)[0]
+    w18 = wt[:, 18, :].reshape(-1).astype(np.float32)
+    assert np.isnan(y[w18 == 0]).all()
+    assert (y[w18 > 0] == np.inf).all() and (y[w18 < 0] == -np.inf).all()
+    # signalling / negative NaN weights (fp16: payload bits), NaN bias
+    wt, x, b = random_case(rng, dtype, n_in, nt)
+    if dtype == "f16":
+        wt.view(np.uint16)[0, 3, 5] = 0x7C01
+        wt.view(np.uint16)[0, 3, 6] = 0xFE00
+    else:
+        wt.view(np.uint32)[0, 3, 5] = 0x7F800001
+        wt.view(np.uint32)[0, 3, 6] = 0xFFC00000
+    b[70] = np.nan
+    y = run_and_check(rs, wt, x, b, 0, nt)[0]
+    assert np.isnan(y[[5, 6, 70]]).all() and np.isfinite(np.delete(y, [5, 6, 70])).all()
+
+
+def test_large_magnitudes(runners):
+    """Partial sums that overflow to inf (and inf - inf = NaN) follow the contract's order exactly."""
+    dtype, rs = runners
+    rng = np.random.default_rng(4)
+    nt, n_in = 3, 40
+    if dtype == "f32":
+        W = rng.standard_normal((nt * TILE, n_in)).astype(np.float32) * np.float32(3e37)
+        x = rng.standard_normal(n_in).astype(np.float32) * np.float32(4)
+    else:
+        W = rng.uniform(-65504, 65504, (nt * TILE, n_in)).astype(np.float16)
+        x = rng.standard_normal(n_in).astype(np.float32) * np.float32(3e33)
+    b = rng.uniform(-3e38, 3e38, nt * TILE).astype(np.float32)
+    wt = tile_weights(W)
+    for bias in (b, None):
+        y = run_and_check(rs, wt, x, bias, 0, nt, f64=False)[0]
+    assert np.isinf(y).any() or np.isnan(y).any(), "test meant to overflow some outputs"
+    wt = np.zeros((1, 4, TILE), DTYPES[dtype])
+    big = 60000.0 if dtype == "f16" else 3e38
+    wt[0, :, :] = np.array([big, big, -big, -big])[:, None]
+    x = np.full(4, 3e38 if dtype == "f16" else 1.0, np.float32) * np.float32(1.0 if dtype == "f32" else 1e-4)
+    run_and_check(rs, wt, x, None, 0, 1, f64=False)
+
+
+def test_denormals(runners):
+    """No flush to zero in ZA, in the fp16 widening or in the bias add: subnormals give the IEEE result."""
+    dtype, rs = runners
+    rng = np.random.default_rng(6)
+    nt, n_in = 3, 33
+    if dtype == "f32":
+        W = (rng.standard_normal((nt * TILE, n_in)) * 1e-20).astype(np.float32)
+        W[:, 3] = (rng.standard_normal(nt * TILE) * 1e-40).astype(np.float32)
+        x = (rng.standard_normal(n_in) * 1e-20).astype(np.float32)
+        x[3] = 1.0
+        x[4] = np.float32(2e-45)
+    else:
+        W = (rng.standard_normal((nt * TILE, n_in)) * 1e-6).astype(np.float16)
+        W[:, 3] = np.float16(2.0 ** -24)
+        x = (rng.standard_normal(n_in) * 1e-33).astype(np.float32)
+        x[4] = np.float32(2e-45)
+    wt = tile_weights(W)
+    b = (rng.standard_normal(nt * TILE) * 1e-39).astype(np.float32)
+    for bias in (b, None):
+        y = run_and_check(rs, wt, x, bias, 0, nt)[0]
+    assert np.any((y != 0) & (np.abs(y) < np.finfo(np.float32).tiny)), "expected subnormal outputs"
+    wt = np.zeros((1, 1, TILE), DTYPES[dtype])
+    wt[0, 0, :] = np.float32(1e-40) if dtype == "f32" else np.float16(2.0 ** -24)
+    y = run_and_check(rs, wt, np.ones(1, np.float32), None, 0, 1)[0]
+    assert (y == np.asarray(wt[0, 0], np.float32)).all() and (y != 0).all()
+
+
+def test_every_lane_maps_to_its_output(runners):
+    """One-hot weights: output j of tile t gets exactly w = (t*64 + j + 1) (x = 1 at one row), for each
+    row of a 4-row block and the tail, so a permuted lane (ZA slot, fp16 even/odd split) cannot hide."""
+    dtype, rs = runners
+    nt = 7
+    for n_in in (4, 7):
+        for i in range(n_in):
+            wt = np.zeros((nt, n_in, TILE), DTYPES[dtype])
+            wt[:, i, :] = (np.arange(nt * TILE).reshape(nt, TILE) % 1024 + 1)
+            x = np.zeros(n_in, np.float32)
+            x[i] = 1.0
+            y = run_and_check(rs, wt, x, None, 0, nt, f64=False)[0]
+            assert np.array_equal(y, (np.arange(nt * TILE) % 1024 + 1).astype(np.float32))
+
+
+def test_same_bits_as_neon(lib):
+    """The NEON kernels of the same library give the same bits (NaN-ness too): the cross-ISA promise."""
+    if not all(hasattr(lib, symbol(d, "neon")) for d in DTYPES):
+        pytest.skip("the library has no NEON matvec")
+    rng = np.random.default_rng(8)
+    for dtype in DTYPES:
+        runs = [NativeRunner(lib, dtype, "neon"), NativeRunner(lib, dtype, ISA)]
+        for n_in, nt, tb, te in ((768, 5, 0, 5), (65, 7, 1, 7), (3, 4, 0, 3)):
+            wt, x, b = random_case(rng, dtype, n_in, nt)
+            wt.reshape(-1)[rng.integers(0, wt.size, 5)] = np.nan
+            x[rng.integers(0, n_in)] = -np.inf if n_in > 3 else x[0]
+            y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
+            ys = [r(wt, x, b, y0, tb, te) for r in runs]
+            ok = same_bits(ys[0], ys[1])
+            assert ok.all(), f"{dtype}: NEON and SME2 differ at {np.flatnonzero(~ok)[:8]}"
+
+
+# --------------------------------------------------------------------------------------------------
+# no access outside the documented ranges: PROT_NONE pages around every buffer (forked child)
+
+def test_page_guards_overread(lib):
+    rng = np.random.default_rng(9)
+    jobs = []
+    for dtype in DTYPES:
+        for n_in, nt, tb, te in ((1, 3, 1, 3), (7, 9, 2, 9), (65, 2, 0, 2), (6, 8, 1, 8), (770, 3, 1, 2)):
+            wt, x, b = random_case(rng, dtype, n_in, nt)
+            jobs.append((dtype, wt, x, b, tb, te, contract_ref(wt, x, b, tb, te)))
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            for dtype, wt, x, b, tb, te, exp in jobs:
+                fn = getattr(lib, symbol(dtype))
+                tile_bytes = wt[0].nbytes
+                for at_end in (True, False):
+                    for bias in (True, False):
+                        sub = np.ascontiguousarray(wt[tb:te])
+                        wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)          # tiles tb..te-1 only
+                        xg = PageFenced(x.nbytes, at_end).put(x)
+                        bs = b[TILE * tb:TILE * te]
+                        bg = PageFenced(bs.nbytes, at_end).put(bs)
+                        yg = PageFenced(bs.nbytes, at_end)
+                        fn(wg.addr - tb * tile_bytes, xg.addr, (bg.addr - 4 * TILE * tb) if bias else None,
+                           yg.addr - 4 * TILE * tb, wt.shape[1], tb, te)
+                        want = exp if bias else contract_ref(wt, x, None, tb, te)
+                        if not same_bits(yg.get(np.float32), want).all():
+                            code = 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
+                    "it read or wrote outside its buffers")
+    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+
+# --------------------------------------------------------------------------------------------------
+# an SVL the kernels do not handle: they stop (brk) instead of computing something wrong
+
+_BIG_SVL_CHILD = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.gpt2asm_rdsvl.restype = ctypes.c_uint64
+print("svl_bytes", lib.gpt2asm_rdsvl(), flush=True)
+w = (ctypes.c_float * 64)()
+x = (ctypes.c_float * 1)(1.0)
+y = (ctypes.c_float * 64)()
+f = lib.gpt2asm_matvec_f32_sme2
+f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_size_t] * 3
+f(w, x, None, y, 1, 0, 1)
+print("returned", flush=True)
+"""
+
+
+def test_svl_1024_refused(lib):
+    """Under qemu only (the CPU model is chosen per process): at SVL 1024 the kernel traps (SIGTRAP)."""
+    if qemu_cpu() is None or qemu_config() != os.environ.get("GPT2ASM_QEMU_FIRST", qemu_config()):
+        pytest.skip("emulation only, first configuration only")
+    path = getattr(lib, "_name", None)
+    env = dict(os.environ, GPT2ASM_QEMU_CPU="max,sme1024=on,sme_fa64=off")
+    r = subprocess.run([sys.executable, "-c", _BIG_SVL_CHILD, path], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert "svl_bytes 128" in r.stdout, (r.stdout, r.stderr)
+    assert "returned" not in r.stdout and r.returncode == -signal.SIGTRAP, (r.returncode, r.stdout, r.stderr)

@@ -1,0 +1,306 @@
+"""The plan executor and the library's thread pool (gpt2asm_plan_run_*, gpt2asm_worker_*, docs/kernels.md).
+
+Contract 1: a plan gives the same logits bits as the per-call reference path, for every thread count
+(-j 1..4, including more threads than cores) and dtype; the full-prefix forward equals cached steps.
+The pool: workers park when idle (no busy spinning), close() joins them, start/stop cycles leak nothing,
+a model closed while idle stays usable, concurrent callers are serialised.  Contract 2: plans refuse
+arrays that do not fit before any address reaches assembly.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gpt2asm import GPT2, InvalidArgumentError
+from gpt2asm.kernels import Kernels, Plan
+from gpt2asm.model import Transformer
+from gpt2asm.tokenizer import Tokenizer
+from gpt2asm.weights import aligned_zeros, load_weights, pad_vector, tile_matrix
+
+PROMPT = "Alan Turing theorized that computers would one day become"
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def steps(model: Transformer, ids: list[int], greedy: int = 4, reference: bool = False) -> np.ndarray:
+    """Logits of every prompt token, then of `greedy` greedy steps (cached steps)."""
+    st = model.new_state()
+    step = model.step_reference if reference else model.step
+    out = [step(st, t).copy() for t in ids]
+    for _ in range(greedy):
+        out.append(step(st, int(np.argmax(out[-1]))).copy())
+    return np.stack(out)
+
+
+def worker_threads() -> int:
+    return sum(t.name.startswith("gpt2asm-worker") and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.fixture(scope="module", params=["f32", "f16"])
+def tiny(request, ckpt_tiny):
+    w = load_weights(ckpt_tiny, request.param)
+    ids = Tokenizer.from_dir(ckpt_tiny).encode(PROMPT)[:8]
+    k = Kernels("avx2")
+    ref = steps(Transformer(w, k), ids, reference=True)
+    k.close()
+    return w, ids, ref
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_plan_equals_reference_for_every_thread_count(tiny, families, threads):
+    w, ids, ref = tiny
+    for fam in families:
+        k = Kernels(fam, threads)
+        model = Transformer(w, k)
+        got = steps(model, ids)
+        full = model.forward(ids + [int(np.argmax(got[i])) for i in range(len(ids) - 1, len(got) - 1)])
+        k.close()
+        assert np.array_equal(bits(got), bits(ref)), f"{fam} -j {threads}: plan != per-call reference"
+        assert np.array_equal(bits(full), bits(ref)), f"{fam} -j {threads}: full-prefix forward != steps"
+
+
+def test_124m_plan_equals_reference(ckpt_124m, families):
+    """The real widths (768/3072 inputs, 12 heads, 786-tile head) at -j 1 and 2, fp32."""
+    w = load_weights(ckpt_124m, "f32")
+    ids = Tokenizer.from_dir(ckpt_124m).encode(PROMPT)[:4]
+    k1 = Kernels(families[0])
+    ref = steps(Transformer(w, k1), ids, greedy=2, reference=True)
+    k1.close()
+    for fam in families:
+        for threads in (1, 2):
+            k = Kernels(fam, threads)
+            got = steps(Transformer(w, k), ids, greedy=2)
+            k.close()
+            assert np.array_equal(bits(got), bits(ref)), f"{fam} -j {threads}"
+
+
+def test_workers_park_when_idle_and_close_joins_them(ckpt_tiny):
+    before = worker_threads()
+    m = GPT2.load(ckpt_tiny, threads=3)
+    k = m.model.k
+    assert worker_threads() == before + 2
+    st = m.model.new_state()
+    for t in m.encode(PROMPT)[:3]:
+        m.model.step(st, t)
+    deadline = time.monotonic() + 5
+    while k.pool_stats()["parked"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert k.pool_stats()["parked"] == 2, k.pool_stats()
+    cpu0 = time.process_time()                       # parked workers use no CPU
+    time.sleep(0.3)
+    assert time.process_time() - cpu0 < 0.1
+    logits = m.model.step(st, 1).copy()              # wakes them
+    t0 = time.monotonic()
+    m.close()                                        # closed while idle
+    assert time.monotonic() - t0 < 2
+    assert worker_threads() == before and k.pool_stats()["workers"] == 0
+    m.close()                                        # idempotent
+    st2 = m.model.new_state()                        # still usable, single-threaded
+    for t in m.encode(PROMPT)[:3]:
+        m.model.step(st2, t)
+    assert np.array_equal(bits(m.model.step(st2, 1)), bits(logits))
+
+
+def test_many_start_stop_cycles(families):
+    fam = families[-1]
+    w = tile_matrix(np.random.default_rng(0).standard_normal((96, 640)).astype(np.float32))
+    x = np.linspace(-1, 1, 96, dtype=np.float32)
+    want = Kernels(fam).matvec(w, x)
+    before = worker_threads()
+    for i in range(60):
+        k = Kernels(fam, 2 + i % 3)
+        if i % 2:                                    # half of them never run a plan
+            assert np.array_equal(bits(k.matvec(w, x)), bits(want))
+        k.close()
+    assert worker_threads() == before
+
+
+def test_runs_with_idle_gaps_around_the_spin_limit(families):
+    """Thousands of runs of sub-ranges, some after gaps that let the workers park: no lost wake-up, and
+    every run complete (its outputs written)."""
+    import random
+    rng = random.Random(3)
+    w = tile_matrix(np.random.default_rng(4).standard_normal((24, 64 * 7)).astype(np.float32))
+    x = np.ones(24, np.float32)
+    want = Kernels(families[0]).matvec(w, x)
+    for threads in (2, 3, 4):
+        k = Kernels(families[0], threads)
+        ys = [np.zeros(64 * 7, np.float32) for _ in range(4)]
+        p = k.new_plan()
+        for y in ys:
+            p.matvec(w, x, None, y)
+        p.build()
+        t_end = time.monotonic() + 1.0
+        while time.monotonic() < t_end:
+            j0 = rng.randrange(4)
+            for y in ys[j0:]:
+                y[:] = 0
+            k.run_plan(p, j0, 4)
+            assert all(np.array_equal(bits(y), bits(want)) for y in ys[j0:])
+            if rng.random() < 0.05:
+                time.sleep(rng.random() * 0.001)
+        k.close()
+
+
+def test_dropped_kernels_join_their_workers(families):
+    before = worker_threads()
+    k = Kernels(families[0], 3)
+    assert worker_threads() == before + 2
+    del k
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while worker_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker_threads() == before
+
+
+def test_checked_kernels_split_over_threads(families):
+    rng = np.random.default_rng(1)
+    w = tile_matrix(rng.standard_normal((200, 64 * 37 + 5)).astype(np.float32))
+    x = rng.standard_normal(200).astype(np.float32)
+    b = pad_vector(rng.standard_normal(64 * 37 + 5).astype(np.float32))
+    kc = (rng.standard_normal((5, 40, 64)) * 0.5).astype(np.float32)
+    vc = rng.standard_normal((5, 40, 64)).astype(np.float32)
+    q = rng.standard_normal(5 * 64).astype(np.float32)
+    k1 = Kernels(families[0])
+    want_y, want_a = k1.matvec(w, x, b), k1.attention(q, kc, vc, 33)
+    for fam in families:
+        for threads in (1, 2, 3, 4):
+            k = Kernels(fam, threads)
+            assert np.array_equal(bits(k.matvec(w, x, b)), bits(want_y)), (fam, threads)
+            assert np.array_equal(bits(k.attention(q, kc, vc, 33)), bits(want_a)), (fam, threads)
+            k.close()
+
+
+def test_concurrent_callers_are_serialised(ckpt_tiny):
+    m = GPT2.load(ckpt_tiny, threads=2)
+    ids = m.encode(PROMPT)[:6]
+    want = steps(m.model, ids, greedy=0)
+    got: dict[int, np.ndarray] = {}
+
+    def run(i):
+        got[i] = steps(m.model, ids, greedy=0)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    m.close()
+    assert all(np.array_equal(bits(g), bits(want)) for g in got.values())
+
+
+def test_plan_validation(families):
+    k = Kernels(families[0], 2)
+    w = tile_matrix(np.ones((8, 128), np.float32))               # [2][8][64]
+    x, y = np.ones(8, np.float32), np.zeros(128, np.float32)
+    bad = [
+        dict(w=w, x=np.ones(7, np.float32), b=None, y=y),            # x length
+        dict(w=w, x=x, b=np.zeros(100, np.float32), y=y),             # bias not padded
+        dict(w=w, x=x, b=None, y=np.zeros(64, np.float32)),           # y too short
+        dict(w=w, x=x, b=None, y=np.zeros(128, np.float32)[::-1]),    # not contiguous
+        dict(w=w, x=x.astype(np.float64), b=None, y=y),
+        dict(w=w[:, :, :32], x=x, b=None, y=y),
+        dict(w=w, x=x, b=None, y=y, resid=np.zeros(64, np.float32)),  # residual too short
+        dict(w=w, x=x, b=None, y=y, gelu=True, resid=np.zeros(128, np.float32)),
+        dict(w=w, x=x, b=None, y=y, chunk=0),
+    ]
+    for kw in bad:
+        p = k.new_plan()
+        with pytest.raises(InvalidArgumentError):
+            p.matvec(**kw)
+    ro = np.zeros(128, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(InvalidArgumentError):
+        k.new_plan().matvec(w, x, None, ro)
+    with pytest.raises(InvalidArgumentError):
+        k.new_plan().build()                                         # no job
+    p = k.new_plan()
+    p.matvec(w, x, None, y)
+    with pytest.raises(InvalidArgumentError):
+        k.run_plan(p)                                                # not built
+    p.build()
+    with pytest.raises(InvalidArgumentError):
+        p.matvec(w, x, None, y)                                      # built: immutable
+    for j0, j1 in ((0, 2), (1, 0), (-1, 1)):
+        with pytest.raises(InvalidArgumentError):
+            k.run_plan(p, j0, j1)
+    other = Kernels(families[0])
+    with pytest.raises(InvalidArgumentError):
+        other.run_plan(p)                                            # another pool's plan
+    k.run_plan(p)
+    assert np.all(y == 8)
+    # embedding / position bounds
+    wte, wpe = aligned_zeros((10, 64), np.float32), aligned_zeros((5, 64), np.float32)
+    xs = aligned_zeros(64, np.float32)
+    p = k.new_plan()
+    p.set_embedding(wte, wpe, xs)
+    p.matvec(tile_matrix(np.ones((64, 64), np.float32)), None, None, np.zeros(64, np.float32),
+             ln=(xs, np.ones(64, np.float32), np.zeros(64, np.float32)), embed=True)
+    p.build()
+    for tok, pos in ((10, 0), (-1, 0), (0, 5), (0, -1)):
+        with pytest.raises(InvalidArgumentError):
+            p.set_step(tok, pos)
+    p.set_step(9, 4)
+    k.run_plan(p)
+    k.close()
+    other.close()
+
+
+def test_fingerprint_identical_across_threads_124m(ckpt_124m):
+    """One SHA-256 of the logits for -j 1..4 on the 124M shape (plan path, fp16 to keep it quick)."""
+    fps = set()
+    for threads in (1, 2, 3, 4):
+        m = GPT2.load(ckpt_124m, dtype="f16", threads=threads)
+        st, h = m.model.new_state(), hashlib.sha256()
+        logits = None
+        for t in m.encode(PROMPT)[:3]:
+            logits = m.model.step(st, t)
+            h.update(logits.tobytes())
+        for _ in range(3):
+            logits = m.model.step(st, int(np.argmax(logits)))
+            h.update(logits.tobytes())
+        m.close()
+        fps.add(h.hexdigest())
+    assert len(fps) == 1
+
+
+def test_checked_kernels_through_the_emulated_avx512_plan(families):
+    """Kernels.matvec / .attention run one-job plans (MATVEC, ATTN) through gpt2asm_plan_run_avx512 on the
+    emulated CPU (threads=1): the same bits as the native first family."""
+    import avx512emu
+    if not avx512emu.available():
+        pytest.skip(avx512emu.why_unavailable())
+    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+
+    class Emulated(Kernels):
+        def __init__(self, emu):
+            self.emulator = emu
+            super().__init__("avx512", threads=1)
+
+        def _choose(self, family):
+            return "avx512"
+
+        def _bind(self, name, argtypes):
+            return self.emulator.bind(name)
+
+    rng = np.random.default_rng(2)
+    w16 = tile_matrix(rng.standard_normal((77, 64 * 5 + 3)).astype(np.float32), np.float16)
+    x = rng.standard_normal(77).astype(np.float32)
+    b = pad_vector(rng.standard_normal(64 * 5 + 3).astype(np.float32))
+    kc = rng.standard_normal((3, 20, 64)).astype(np.float32)
+    vc = rng.standard_normal((3, 20, 64)).astype(np.float32)
+    q = rng.standard_normal(3 * 64).astype(np.float32)
+    native = Kernels(families[0])
+    with avx512emu.Avx512Emulator(PKG_DIR / LIB_NAME, timeout=120.0) as emu:
+        k = Emulated(emu)
+        assert k.has_plan
+        assert np.array_equal(bits(k.matvec(w16, x, b)), bits(native.matvec(w16, x, b)))
+        for n_pos in (1, 17, 20):
+            assert np.array_equal(bits(k.attention(q, kc, vc, n_pos)), bits(native.attention(q, kc, vc, n_pos)))

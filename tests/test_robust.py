@@ -1,0 +1,337 @@
+"""Bad input, everywhere (issue 5's list): each problem is a typed GPT2AsmError from the API and one line
+plus exit status 2 from the CLI, never a traceback or a crash; Ctrl-C stops cleanly and still prints the
+stats line; a run to the full context keeps resident memory flat."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import checkpoint
+from gpt2asm import (GPT2, CheckpointError, InvalidArgumentError, ModelNotFoundError, NonFiniteLogitsError,
+                     TokenizerError)
+
+ROOT = Path(__file__).resolve().parent.parent
+STATS = re.compile(r"^\[gpt2asm\] (\d+) prompt \+ (\d+) generated tokens, [\d.]+ tok/s \((\w+), (fp32|fp16), -j (\d+)")
+
+
+@pytest.fixture(scope="session")
+def micro(tokenizer_dir) -> Path:
+    """1 layer, 64 wide, 64 positions, the real vocabulary; save_pretrained names."""
+    return checkpoint("micro-hf", tokenizer_dir, size="tiny", n_layer=1, n_embd=64, n_head=1, n_ctx=64, seed=3,
+                      layout="hf")
+
+
+def cli(*args, cwd=ROOT, timeout=300):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("GPT2ASM_", "HF_"))}
+    e.update(HF_HUB_OFFLINE="1", HF_HOME=str(ROOT / ".cache" / "no-hf-home"), PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "gpt2asm", *args], capture_output=True, text=True, env=e,
+                          cwd=cwd, timeout=timeout)
+
+
+def one_line_error(r, single: bool = True) -> str:
+    """The error line; single=False lets indented lines of advice follow it (a model that is not there)."""
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("[gpt2asm] note")]
+    assert lines and lines[0].startswith("gpt2asm: error: "), r.stderr
+    assert len(lines) == 1 if single else all(ln.startswith("  ") for ln in lines[1:]), r.stderr
+    return lines[0]
+
+
+# -- checkpoint files -------------------------------------------------------------------------------------
+
+def read_st(p: Path):
+    raw = p.read_bytes()
+    n = struct.unpack_from("<Q", raw)[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_st(p: Path, header, data: bytes):
+    h = json.dumps(header).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def edit_header(fn):
+    def apply(d: Path):
+        p = d / "model.safetensors"
+        h, data = read_st(p)
+        fn(h)
+        write_st(p, h, data)
+    return apply
+
+
+def set_tensor(name: str, value: float, index: int = 0):
+    def apply(d: Path):
+        p = d / "model.safetensors"
+        h, data = read_st(p)
+        b = h[name]["data_offsets"][0] + 4 * index
+        data = data[:b] + struct.pack("<f", value) + data[b + 4:]
+        write_st(p, h, data)
+    return apply
+
+
+def _truncate(d: Path, keep: float = 0.5):
+    p = d / "model.safetensors"
+    raw = p.read_bytes()
+    p.write_bytes(raw[:int(len(raw) * keep)])
+
+
+def _overlap(h):
+    h["transformer.ln_f.bias"]["data_offsets"] = list(h["transformer.ln_f.weight"]["data_offsets"])
+
+
+def _wrong_dtype(h):
+    h["transformer.h.0.ln_1.bias"]["dtype"] = "I32"
+
+
+def _offsets_outside(h):
+    b, e = h["transformer.ln_f.bias"]["data_offsets"]
+    h["transformer.ln_f.bias"]["data_offsets"] = [b + 10 ** 9, e + 10 ** 9]
+
+
+def _inconsistent(d: Path):
+    """No config.json, and wpe narrower than wte: the shapes contradict each other."""
+    (d / "config.json").unlink()
+    p = d / "model.safetensors"
+    h, data = read_st(p)
+    e = h["transformer.wpe.weight"]
+    e["shape"] = [128, 32]
+    write_st(p, h, data)
+
+
+def _config(**kw):
+    def apply(d: Path):
+        c = json.loads((d / "config.json").read_text())
+        c.update(kw)
+        (d / "config.json").write_text(json.dumps(c))
+    return apply
+
+
+CHECKPOINT_PROBLEMS = {
+    "missing file": (lambda d: (d / "model.safetensors").unlink(), ModelNotFoundError, "model.safetensors"),
+    "empty file": (lambda d: (d / "model.safetensors").write_bytes(b""), CheckpointError, "empty"),
+    "truncated": (_truncate, CheckpointError, "beyond the data|truncated"),
+    "header length beyond file": (lambda d: (d / "model.safetensors").write_bytes(struct.pack("<Q", 10 ** 6) + b"{}"),
+                                  CheckpointError, "header length"),
+    "absurd header length": (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 16), CheckpointError,
+                             "absurd"),
+    "bad JSON": (lambda d: (d / "model.safetensors").write_bytes(struct.pack("<Q", 5) + b"{oops"),
+                 CheckpointError, "not valid JSON"),
+    "deeply nested JSON": (lambda d: (d / "model.safetensors").write_bytes(struct.pack("<Q", 200000) + b"[" * 100000
+                                                                           + b"]" * 100000),
+                           CheckpointError, "not valid JSON"),
+    "not UTF-8": (lambda d: (d / "model.safetensors").write_bytes(struct.pack("<Q", 4) + b"\xff\xfe{}"),
+                  CheckpointError, "UTF-8"),
+    "offsets outside the data": (edit_header(_offsets_outside), CheckpointError, "beyond the data"),
+    "overlapping tensors": (edit_header(_overlap), CheckpointError, "overlap"),
+    "wrong dtype": (edit_header(_wrong_dtype), CheckpointError, "unsupported dtype"),
+    "unhashable dtype": (edit_header(lambda h: h["transformer.ln_f.bias"].update(dtype=["F32"])), CheckpointError,
+                         "unknown dtype"),
+    "wrong shape": (_config(n_positions=32, n_ctx=32), CheckpointError, "wrong shape"),
+    "inconsistent shapes": (_inconsistent, CheckpointError, "disagree on width"),
+    "missing tensor": (edit_header(lambda h: h.pop("transformer.h.0.mlp.c_fc.weight")), CheckpointError,
+                       "missing tensor"),
+    "NaN weight": (set_tensor("transformer.h.0.mlp.c_fc.weight", float("nan"), 17), CheckpointError, "non-finite"),
+    "inf weight": (set_tensor("transformer.wte.weight", float("-inf"), 5), CheckpointError, "non-finite"),
+    "config not JSON": (lambda d: (d / "config.json").write_text("{'n_layer': 1"), CheckpointError, "not valid JSON"),
+    "not GPT-2": (_config(model_type="llama"), CheckpointError, "model_type"),
+    "absurd n_layer": (_config(n_layer=2 ** 40), CheckpointError, "n_layer"),
+    "not a file": (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").mkdir()),
+                   ModelNotFoundError, "model.safetensors"),
+}
+
+
+def broken(src: Path, dst: Path, fn) -> Path:
+    shutil.copytree(src, dst)
+    fn(dst)
+    return dst
+
+
+@pytest.mark.parametrize("problem", list(CHECKPOINT_PROBLEMS))
+def test_checkpoint_problems(micro, tmp_path, problem):
+    fn, exc, pattern = CHECKPOINT_PROBLEMS[problem]
+    d = broken(micro, tmp_path / "m", fn)
+    with pytest.raises(exc, match=pattern):
+        GPT2.load(d)
+    line = one_line_error(cli("--model", str(d), "-n", "2", "Hi"), single=exc is not ModelNotFoundError)
+    assert re.search(pattern, line), line
+
+
+# -- tokenizer files --------------------------------------------------------------------------------------
+
+def _vocab(fn):
+    def apply(d: Path):
+        v = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+        fn(v)
+        (d / "vocab.json").write_text(json.dumps(v), encoding="utf-8")
+    return apply
+
+
+TOKENIZER_PROBLEMS = {
+    "vocab missing": (lambda d: (d / "vocab.json").unlink(), "missing vocab.json"),
+    "merges missing": (lambda d: (d / "merges.txt").unlink(), "missing merges.txt"),
+    "vocab not JSON": (lambda d: (d / "vocab.json").write_text('{"a": 1,'), "not valid JSON"),
+    "vocab nested too deep": (lambda d: (d / "vocab.json").write_text("[" * 100000 + "]" * 100000), "not valid JSON"),
+    "vocab not an object": (lambda d: (d / "vocab.json").write_text("[1, 2]"), "JSON object"),
+    "vocab not UTF-8": (lambda d: (d / "vocab.json").write_bytes(b'{"\xff": 0}'), "UTF-8"),
+    "vocab id not integer": (_vocab(lambda v: v.update({"Ġthe": "262"})), "not an integer"),
+    "vocab duplicate id": (_vocab(lambda v: v.update({"Ġthe": 0})), "used by both"),
+    "vocab without a byte": (_vocab(lambda v: v.update({"Ġ" * 80: v.pop("a")})), "no token for byte"),
+    "vocab without endoftext": (_vocab(lambda v: v.pop("<|endoftext|>")), "endoftext"),
+    "vocab bigger than the model": (_vocab(lambda v: v.update({"ĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠ": 50257})),
+                                    "tokenizer has 50258 tokens but the model only 50257"),
+    "merges bad line": (lambda d: (d / "merges.txt").write_text("#version: 0.2\nĠ t x\n"), "expected 'left right'"),
+    "merges unknown token": (lambda d: (d / "merges.txt").write_text("#version: 0.2\nzzq qqz\n"), "not in the vocab"),
+    "merges not UTF-8": (lambda d: (d / "merges.txt").write_bytes(b"#version: 0.2\n\xff \xfe\n"), "UTF-8"),
+    "vocab is a directory": (lambda d: ((d / "vocab.json").unlink(), (d / "vocab.json").mkdir()), "vocab"),
+}
+
+
+@pytest.mark.parametrize("problem", list(TOKENIZER_PROBLEMS))
+def test_tokenizer_problems(micro, tmp_path, problem):
+    fn, pattern = TOKENIZER_PROBLEMS[problem]
+    d = broken(micro, tmp_path / "m", fn)
+    if problem in ("vocab missing", "merges missing", "vocab is a directory"):
+        exc = (TokenizerError, ModelNotFoundError)              # the model directory is incomplete
+    else:
+        exc = TokenizerError
+    with pytest.raises(exc, match=pattern):
+        GPT2.load(d)
+    line = one_line_error(cli("--model", str(d), "-n", "2", "Hi"), single=exc is TokenizerError)
+    assert re.search(pattern, line), line
+
+
+# -- tokens -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def m(micro):
+    return GPT2.load(micro)
+
+
+@pytest.mark.parametrize("ids", [[-1], [50257], [10 ** 12], [1.0], ["3"], [True], [None], "abc", b"ab", 7,
+                                 np.array([[1, 2]]), [np.float32(3)]])
+def test_token_ids_out_of_range_or_wrong_kind(m, ids):
+    with pytest.raises(InvalidArgumentError):
+        m.logits(ids)
+    with pytest.raises(InvalidArgumentError):
+        m.generate_ids(ids, 2)
+    with pytest.raises(InvalidArgumentError):
+        m.decode(ids)
+    with pytest.raises(InvalidArgumentError):
+        m.session().logits(ids)
+    assert m.decode(np.array([1, 2], np.uint16)) == m.decode([1, 2])
+
+
+def test_empty_prompt_starts_from_endoftext(m, micro):
+    assert m.generate("", max_new_tokens=6, temperature=0) == m.generate("<|endoftext|>", max_new_tokens=6,
+                                                                          temperature=0)
+    assert m.session().generate("", max_new_tokens=6, temperature=0) == m.generate("", max_new_tokens=6,
+                                                                                    temperature=0)
+    r = cli("--model", str(micro), "-i", "-n", "4", "-t", "0")
+    assert r.returncode == 0, r.stderr
+    l1, l2 = r.stdout.splitlines()
+    assert l1 == "50256"
+    assert [int(x) for x in l2.split()] == list(m.generate_ids([], 4, temperature=0))
+
+
+# -- flags ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags", [["-n", "1048577"], ["-n", "1e3"], ["-n", ""], ["-t", "100.5"], ["-t", "inf"],
+                                   ["-t", "-inf"], ["--top-k", "1048577"], ["--top-k", "1.5"], ["--top-p", "-0.1"],
+                                   ["--top-p", "nan"], ["--top-p", "inf"], ["-j", "-1"], ["-j", "1.5"],
+                                   ["-j", "257"], ["--seed", "18446744073709551616"], ["--seed", "abc"],
+                                   ["--seed", "1.5"], ["--repetition-penalty", "101"],
+                                   ["--repetition-penalty", "nan"], ["--repetition-penalty", "-1"]])
+def test_numeric_flags_range_checked(micro, flags):
+    r = cli("--model", str(micro), *flags, "Hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "error" in r.stderr, (flags, r.stderr)
+
+
+def test_flag_limits_accepted(micro):
+    r = cli("--model", str(micro), "-n", "0", "-t", "100", "--top-k", "1048576", "--top-p", "1", "-j", "2",
+            "--seed", str(2 ** 64 - 1), "--repetition-penalty", "100", "Hi")
+    assert r.returncode == 0, r.stderr and r.stdout == "Hi\n"
+
+
+# -- non-finite logits ----------------------------------------------------------------------------------------
+
+def test_non_finite_logits_detected(micro, tmp_path):
+    """Finite weights (so the load accepts them) that overflow float32 in the forward pass."""
+    def huge_ln_f(d: Path):
+        p = d / "model.safetensors"
+        h, data = read_st(p)
+        b, e = h["transformer.ln_f.weight"]["data_offsets"]
+        data = data[:b] + np.full((e - b) // 4, 3e38, np.float32).tobytes() + data[e:]
+        write_st(p, h, data)
+    d = broken(micro, tmp_path / "m", huge_ln_f)
+    m = GPT2.load(d)
+    with pytest.raises(NonFiniteLogitsError, match="non-finite"):
+        m.generate("Hello", max_new_tokens=3)
+    with pytest.raises(NonFiniteLogitsError):
+        m.session().generate("Hello", max_new_tokens=3, temperature=0)
+    line = one_line_error(cli("--model", str(d), "-n", "3", "Hello"))
+    assert "non-finite" in line
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which,threads", [("tiny", "1"), ("124m", "2")])
+def test_ctrl_c_stops_cleanly_with_stats(request, which, threads):
+    d = request.getfixturevalue("ckpt_tiny" if which == "tiny" else "ckpt_124m")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("GPT2ASM_", "HF_"))}
+    e["HF_HUB_OFFLINE"] = "1"
+    p = subprocess.Popen([sys.executable, "-m", "gpt2asm", "--model", str(d), "-n", "1000", "-j", threads,
+                          "--seed", "1", "Hi"], cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    first = p.stdout.read(4)                      # the prompt, then the first generated bytes
+    assert first.startswith(b"Hi"), (first, p.stderr.read())
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    err = err.decode()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    m = STATS.match(last)
+    assert m and last.endswith("interrupted"), err
+    assert 0 < int(m.group(2)) < 1000 and m.group(5) == threads
+    assert (first + out).endswith(b"\n")
+
+
+# -- memory -----------------------------------------------------------------------------------------------
+
+def rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_full_context_run_keeps_memory_flat(ckpt_tiny):
+    m = GPT2.load(ckpt_tiny)
+    n_ctx = m.n_ctx
+    samples = {}
+    s = m.session()
+    for k, tok in enumerate(s.generate_ids([m.tokenizer.eot_id], n_ctx - 1, temperature=0.9, seed=3)):
+        if k % 128 == 127 or k == n_ctx - 2:
+            samples[k] = rss_kib()
+    assert len(s.tokens) == n_ctx - 1 and max(samples) == n_ctx - 2
+    base = samples[127]
+    growth = max(samples.values()) - base
+    # the KV cache is allocated up front; nothing may accumulate per token (1023 tokens here)
+    assert growth < 1024, f"resident memory grew by {growth} KiB over the run: {samples}"
+    with pytest.raises(Exception) as e:                       # and the context is really full now
+        list(s.generate_ids(s.tokens + [1, 2], 1))
+    assert type(e.value).__name__ == "ContextOverflowError"
