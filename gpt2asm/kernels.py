@@ -103,6 +103,9 @@ def cpuid(leaf: int, subleaf: int = 0) -> tuple[int, int, int, int]:
 
 def cpu_features() -> dict[str, bool]:
     """What the CPU and OS support, as far as gpt2asm's kernel families care."""
+    if ARCH == "aarch64":
+        from .cpu_arm import arm_features       # HWCAP/HWCAP2 (Linux), sysctl (macOS), rdsvl
+        return arm_features()
     if ARCH != "x86_64":
         return {}
     lib = load_library()
@@ -121,6 +124,9 @@ def cpu_features() -> dict[str, bool]:
 
 def available_families() -> list[str]:
     """Kernel families this machine can run, best last."""
+    if ARCH == "aarch64":
+        from .cpu_arm import arm_families       # neon, plus sme2 when SME2 with SVL 128..512 bits
+        return arm_families()
     f = cpu_features()
     if ARCH != "x86_64":
         return []
@@ -142,7 +148,7 @@ def choose_family(requested: str | int | None = None) -> str:
         if not have:
             raise KernelUnavailableError(
                 f"this CPU has none of gpt2asm's kernel families ({', '.join(names) or 'none for ' + ARCH}); "
-                "on x86-64 AVX2 with FMA and F16C is the minimum")
+                "on x86-64 AVX2 with FMA and F16C is the minimum, on AArch64 Advanced SIMD")
         return have[-1]
     req = str(requested).strip().lower()
     if req.isdigit():
