@@ -330,8 +330,10 @@ def test_full_context_run_keeps_memory_flat(ckpt_tiny):
     assert len(s.tokens) == n_ctx - 1 and max(samples) == n_ctx - 2
     base = samples[127]
     growth = max(samples.values()) - base
-    # the KV cache is allocated up front; nothing may accumulate per token (1023 tokens here)
-    assert growth < 1024, f"resident memory grew by {growth} KiB over the run: {samples}"
+    # the KV cache is allocated up front; nothing may accumulate per token (896 tokens measured here).
+    # 4 MiB allows the allocator's own settling seen in full-suite runs (about 1.1 MiB) while any per-token
+    # leak of even 5 KiB (a logits copy is 200 KiB) fails.
+    assert growth < 4096, f"resident memory grew by {growth} KiB over the run: {samples}"
     with pytest.raises(Exception) as e:                       # and the context is really full now
         list(s.generate_ids(s.tokens + [1, 2], 1))
     assert type(e.value).__name__ == "ContextOverflowError"
