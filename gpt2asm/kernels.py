@@ -241,6 +241,21 @@ def check(a, name: str, dtype, size: int | None = None, aligned: bool = False, w
         raise InvalidArgumentError(f"{name}: array is read-only")
     return addr(a)
 
+def check_attention(q, k, v, n_pos) -> tuple[int, int]:
+    """Validate attention arguments (q [H*64], k, v [H][n_ctx][64], 1 <= n_pos <= n_ctx): (H, n_ctx)."""
+    if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
+        raise InvalidArgumentError("k: expected [n_head][n_ctx][64]")
+    H, n_ctx, _ = k.shape
+    check(k, "k", np.float32)
+    check(v, "v", np.float32, k.size)
+    if v.shape != k.shape:
+        raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
+    check(q, "q", np.float32, H * HEAD_DIM)
+    if isinstance(n_pos, bool) or not isinstance(n_pos, (int, np.integer)) or not 1 <= n_pos <= n_ctx:
+        raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {n_pos!r}")
+    return H, n_ctx
+
+
 
 def _aligned_zeros(nbytes: int) -> np.ndarray:
     """Zeroed, 64-byte aligned uint8 buffer (its base array keeps the memory alive)."""
@@ -429,17 +444,8 @@ class Plan:
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, n_pos: int) -> int:
         """Attention of q [H*64] over positions 0..n_pos-1 of k, v [H][n_ctx][64] into out; heads are the items."""
-        if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
-            raise InvalidArgumentError("k: expected [n_head][n_ctx][64]")
-        H, n_ctx, _ = k.shape
-        check(k, "k", np.float32)
-        check(v, "v", np.float32, k.size)
-        if v.shape != k.shape:
-            raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
-        check(q, "q", np.float32, H * HEAD_DIM)
+        H, n_ctx = check_attention(q, k, v, n_pos)
         check(out, "out", np.float32, H * HEAD_DIM, writable=True)
-        if isinstance(n_pos, bool) or not isinstance(n_pos, (int, np.integer)) or not 1 <= n_pos <= n_ctx:
-            raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {n_pos!r}")
         self.priv_s = max(self.priv_s, -(-int(n_pos) // 16) * 16)
         f = dict(y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out), a3=n_ctx * HEAD_DIM,
                  a4=int(n_pos))
@@ -701,16 +707,7 @@ class Kernels:
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, n_pos: int) -> np.ndarray:
         """Attention of one query q [n_head*64] over cache k, v [n_head][n_ctx][64], positions < n_pos."""
-        if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
-            raise InvalidArgumentError("k: expected [n_head][n_ctx][64]")
-        n_head, n_ctx, _ = k.shape
-        check(k, "k", np.float32)
-        check(v, "v", np.float32, k.size)
-        if v.shape != k.shape:
-            raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
-        check(q, "q", np.float32, n_head * HEAD_DIM)
-        if isinstance(n_pos, bool) or not isinstance(n_pos, (int, np.integer)) or not 1 <= n_pos <= n_ctx:
-            raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {n_pos!r}")
+        n_head, n_ctx = check_attention(q, k, v, n_pos)
         out = np.empty(n_head * HEAD_DIM, np.float32)
         if self.has_plan:
             p = Plan(self)
