@@ -1,6 +1,7 @@
 """python -m gpt2asm [options] PROMPT — generate text with GPT-2 on hand-written assembly kernels.
 
 Compatible with the seed tool gpt2.s: -n, -t, -s, -j, -h (fp16; help is --help), -i.
+Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one fp32 scale per output row).
 Exit status: 0 done, 2 a user error (one message on stderr, no traceback), 130 interrupted (Ctrl-C; the
 stats line is still printed).
 """
@@ -13,6 +14,8 @@ import time
 
 from .errors import GPT2AsmError
 from .kernels import FAMILIES, ARCH
+
+DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8"}     # --dtype -> the stats line's name
 
 
 def positive_int(lo: int, hi: int):
@@ -54,7 +57,11 @@ def parser() -> argparse.ArgumentParser:
                          "(default: best available, or $GPT2ASM_ISA)")
     ap.add_argument("-j", type=positive_int(1, 256), default=1, metavar="N",
                     help="threads sharing each matrix product (same output for every N; default 1)")
-    ap.add_argument("-h", dest="fp16", action="store_true", help="fp16 weight matrices (half the memory traffic)")
+    ap.add_argument("-h", dest="fp16", action="store_true",
+                    help="fp16 weight matrices (half the memory traffic; same as --dtype f16)")
+    ap.add_argument("--dtype", choices=DTYPE_LABELS, default=None,
+                    help="weight matrices: f32 (default), f16 (as -h) or q8 (int8 with one fp32 scale per "
+                         "output row: a quarter of f32's memory traffic; logits close to f32's, not the same)")
     ap.add_argument("-i", dest="ids", action="store_true",
                     help="print token ids: line 1 the prompt, line 2 the output")
     ap.add_argument("--seed", type=positive_int(0, (1 << 64) - 1), default=None,
@@ -75,8 +82,17 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def weight_dtype(ap: argparse.ArgumentParser, args) -> str:
+    """-h and --dtype -> 'f32' | 'f16' | 'q8' (-h with another --dtype is a usage error)."""
+    if args.fp16 and args.dtype not in (None, "f16"):
+        ap.error(f"-h (fp16) contradicts --dtype {args.dtype}")
+    return "f16" if args.fp16 else (args.dtype or "f32")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    dtype = weight_dtype(ap, args)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little")
     stats: dict = {}
     model = None
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .engine import GPT2
         t0 = time.perf_counter()
-        model = GPT2.load(args.model, dtype="f16" if args.fp16 else "f32", isa=args.s, threads=args.j,
+        model = GPT2.load(args.model, dtype=dtype, isa=args.s, threads=args.j,
                           download=not args.offline)
         load_s = time.perf_counter() - t0
         if model.random_init:
@@ -138,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError:
         status = 2
         _end_line(out, midline)
-        print("gpt2asm: error: out of memory (try -h for fp16 weights, or a smaller model)", file=sys.stderr)
+        print("gpt2asm: error: out of memory (try -h for fp16 or --dtype q8 for int8 weights, "
+              "or a smaller model)", file=sys.stderr)
         stats.clear()
     finally:
         if model is not None:
@@ -149,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         n, dt = stats.get("generated", 0), stats.get("decode_s", 0.0)
         rate = (n - 1) / dt if n > 1 and dt > 0 else 0.0
         print(f"[gpt2asm] {stats['prompt']} prompt + {n} generated tokens, {rate:.1f} tok/s "
-              f"({model.isa}, {'fp16' if args.fp16 else 'fp32'}, -j {args.j}; load {load_s:.2f} s)"
+              f"({model.isa}, {DTYPE_LABELS[dtype]}, -j {args.j}; load {load_s:.2f} s)"
               + ("; interrupted" if stats.get("interrupted") else ""), file=sys.stderr)
     return status
 

@@ -39,7 +39,9 @@ from .sampler import Sampler
 from .tokenizer import Tokenizer
 from .tilecache import load_weights_cached as load_weights   # warm start: tiles mapped from disk
 
-DTYPES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16"}
+DTYPES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16",
+          "q8": "q8", "int8": "q8"}
+DTYPE_NAMES = ("f32", "f16", "q8")             # the canonical names (Weights.dtype, GPT2.dtype)
 MAX_SEED = (1 << 64) - 1
 
 
@@ -153,17 +155,26 @@ class GPT2:
         the Hugging Face cache or downloaded, unless download=False). None: $GPT2ASM_MODEL, the current
         directory, then 'gpt2'.
 
-        dtype 'f32' or 'f16' (weight matrices stored as fp16); isa a kernel family name or index
-        (None = best available, or $GPT2ASM_ISA); threads share each matrix product (same output)."""
+        dtype 'f32', 'f16' (weight matrices stored as fp16) or 'q8' (int8 weight matrices, one fp32 scale
+        per output row: a quarter of the memory traffic, logits close to but not the bits of f32); isa a
+        kernel family name or index (None = best available, or $GPT2ASM_ISA); threads share each matrix
+        product (same output)."""
         if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
-            raise InvalidArgumentError(f"dtype must be one of f32, f16, got {dtype!r}")
+            raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+        dtype = DTYPES[dtype.lower()]
         threads = _int_arg("threads", threads, 1, 256)
         kernels = Kernels(isa, threads)                 # probe first: fail fast on an unusable CPU
         try:
+            if dtype == "q8" and not getattr(kernels, "has_q8", True):
+                raise InvalidArgumentError(
+                    f"dtype 'q8' needs int8 kernels, which the kernel family {kernels.family!r} does not have; "
+                    f"use dtype 'f32' or 'f16', or another kernel family")
             d = find_model_dir(path_or_name, download=download, progress=progress)
-            weights = load_weights(d, DTYPES[dtype.lower()])
+            weights = load_weights(d, dtype)
             tok = Tokenizer.from_dir(d)
-            return cls(Transformer(weights, kernels), tok, d)
+            model = Transformer(weights, kernels)
+            model.start_resident()        # tiles mapped from the tile cache: copied to RAM in the background
+            return cls(model, tok, d)
         except BaseException:
             kernels.close()
             raise
@@ -285,8 +296,7 @@ class GPT2:
             return
         state = self.model.new_state()
         t0 = time.perf_counter()
-        for t in ids:
-            logits = self.model.step(state, t)
+        logits = self.model.prefill(state, ids)       # batched: the bits of one step per token
         t1 = time.perf_counter()
         if stats is not None:
             stats["prefill_s"] = t1 - t0
@@ -339,6 +349,9 @@ class GPT2:
         h = hashlib.sha256(json.dumps([c.n_layer, c.n_embd, c.n_head, c.n_ctx, c.vocab_size, w.dtype]).encode())
         for a in (w.wte[:4], w.wpe[:4], w.ln_f_g, w.ln_f_b, w.layers[0].ln1_g, w.layers[-1].proj_b):
             h.update(np.ascontiguousarray(a).tobytes())
+        for a in (getattr(w, "head_s", None), getattr(w.layers[0], "attn_s", None)):   # q8: the quantiser's
+            if a is not None:                                                        # output, too
+                h.update(np.ascontiguousarray(a[:256]).tobytes())
         self._fingerprint = h.hexdigest()[:32]
         return self._fingerprint
 
@@ -395,10 +408,8 @@ class Session:
         del self.tokens[p:]
         self._state.n = p                             # positions ≥ p are overwritten as they are fed
         self.reused, self.prefilled = p, len(ids) - p
-        logits = None
-        for t in ids[p:]:
-            logits = self.gpt2.model.step(self._state, t)
-            self.tokens.append(t)
+        logits = self.gpt2.model.prefill(self._state, ids[p:])    # the bits of one step per token
+        self.tokens.extend(ids[p:])
         return logits
 
     def generate_ids(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int = 0,

@@ -241,15 +241,21 @@ def check(a, name: str, dtype, size: int | None = None, aligned: bool = False, w
         raise InvalidArgumentError(f"{name}: array is read-only")
     return addr(a)
 
-def check_attention(q, k, v, n_pos) -> tuple[int, int]:
-    """Validate attention arguments (q [H*64], k, v [H][n_ctx][64], 1 <= n_pos <= n_ctx): (H, n_ctx)."""
+def check_cache(k, v, writable: bool = False) -> tuple[int, int]:
+    """Validate one layer's key and value caches k, v [H][n_ctx][64] (float32): (H, n_ctx)."""
     if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
-        raise InvalidArgumentError("k: expected [n_head][n_ctx][64]")
+        raise InvalidArgumentError("k: expected a cache [n_head][n_ctx][64]")
     H, n_ctx, _ = k.shape
-    check(k, "k", np.float32)
-    check(v, "v", np.float32, k.size)
+    check(k, "k", np.float32, writable=writable)
+    check(v, "v", np.float32, k.size, writable=writable)
     if v.shape != k.shape:
         raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
+    return H, n_ctx
+
+
+def check_attention(q, k, v, n_pos) -> tuple[int, int]:
+    """Validate attention arguments (q [H*64], k, v [H][n_ctx][64], 1 <= n_pos <= n_ctx): (H, n_ctx)."""
+    H, n_ctx = check_cache(k, v)
     check(q, "q", np.float32, H * HEAD_DIM)
     if isinstance(n_pos, bool) or not isinstance(n_pos, (int, np.integer)) or not 1 <= n_pos <= n_ctx:
         raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {n_pos!r}")
@@ -295,15 +301,54 @@ def _spin_ticks(threads: int) -> tuple[int, int]:
 
 
 PLAN_HEADER = 128
-JOB_BYTES = 192
-KIND_MATVEC, KIND_QKV, KIND_ATTN = 0, 1, 2
-PRO_LN, PRO_EMBED, FL_F16, EPI_GELU, EPI_RESID = 1, 2, 4, 0x10, 0x20
+JOB_BYTES = 256
+KIND_MATVEC, KIND_QKV, KIND_ATTN, KIND_MATMUL, KIND_ROWLN, KIND_ROWATTN = 0, 1, 2, 3, 4, 5
+PRO_LN, PRO_EMBED, FL_F16, FL_Q8, EPI_GELU, EPI_RESID, FL_ROWS, FL_KV = 1, 2, 4, 8, 0x10, 0x20, 0x40, 0x80
 # u64 slots of a job record (byte offset / 8)
 _J = dict(n=1, chunk=2, w=3, b=4, y=5, n_in=6, x=7, g=8, beta=9, a0=10, a1=11, a2=12, a3=13, a4=14,
-          tile_bytes=15)
+          tile_bytes=15, scale=16, ldx=17, ldy=18, ldr=19)
 # u64 slots of the plan header
 _H = dict(token=0, pos=1, n_jobs=2, priv=3, priv_stride=4, C=5, wte=6, wpe=7, x=8, h_off=9, e_off=10,
-          s_off=11)
+          s_off=11, n_tok=12)
+# weight dtypes of the tiled matrices -> the job's dtype flag
+_WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16, np.dtype(np.int8): FL_Q8}
+
+
+def check_matrix(w, name: str = "w", scale=None, n_tiles: int | None = None) -> tuple[int, int, int]:
+    """Validate a tiled weight matrix [n_tiles][n_in][64] (float32, float16, or int8 with its scales
+    float32 [64*n_tiles]): (n_tiles, n_in, dtype flag).  A scale is required for int8 and refused otherwise."""
+    if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.shape[2] == TILE and w.shape[0] >= 1
+            and w.shape[1] >= 1 and w.dtype in _WDTYPES):
+        raise InvalidArgumentError(f"{name}: expected a tiled float32/float16/int8 matrix [n_tiles][n_in][64]")
+    nt, n_in, _ = w.shape
+    if n_tiles is not None and nt != n_tiles:
+        raise InvalidArgumentError(f"{name}: {nt} tiles, expected {n_tiles}")
+    check(w, name, w.dtype, aligned=True)
+    flag = _WDTYPES[w.dtype]
+    if flag == FL_Q8:
+        if scale is None:
+            raise InvalidArgumentError(f"{name}: int8 weights need their scales (float32 [{nt * TILE}])")
+        check(scale, f"{name} scale", np.float32, nt * TILE)
+    elif scale is not None:
+        raise InvalidArgumentError(f"{name}: a scale goes only with int8 weights, not {w.dtype}")
+    return nt, n_in, flag
+
+
+def check_rows(a, name: str, width: int, writable: bool = False) -> tuple[int, int]:
+    """Validate a row buffer [rows][>= width] of float32, its elements contiguous within a row and rows
+    ld floats apart (a C-contiguous array, or a column slice of one): (rows, ld)."""
+    if not (isinstance(a, np.ndarray) and a.ndim == 2 and a.shape[0] >= 1):
+        raise InvalidArgumentError(f"{name}: expected rows [n][{width}+]")
+    if a.dtype != np.float32:
+        raise InvalidArgumentError(f"{name}: dtype {a.dtype}, expected float32")
+    if a.shape[1] < width:
+        raise InvalidArgumentError(f"{name}: rows of {a.shape[1]} floats, need {width}")
+    rs, cs = a.strides
+    if not (cs == 4 and rs >= 4 * a.shape[1] and rs % 4 == 0):
+        raise InvalidArgumentError(f"{name}: rows must be contiguous and in increasing address order")
+    if writable and not a.flags.writeable:
+        raise InvalidArgumentError(f"{name}: array is read-only")
+    return a.shape[0], rs // 4
 
 
 def _claims(n_items: int, threads: int, family: str) -> tuple[int, int]:
@@ -315,6 +360,16 @@ def _claims(n_items: int, threads: int, family: str) -> tuple[int, int]:
         return n_items, 0
     small = 2 if family == "avx512" and n_items >= 8 * threads else 1
     return small, (2 * threads - 1).bit_length()
+
+
+def _row_claims(threads: int) -> tuple[int, int]:
+    """(chunk, guided shift) of a row job, whose item count is known only per run: one claim of
+    everything for one thread, otherwise guided claims down to single items."""
+    return (1 << 32, 0) if threads == 1 else (1, (2 * threads - 1).bit_length())
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 class Plan:
@@ -334,6 +389,7 @@ class Plan:
         self.embed: tuple | None = None                      # (wte, wpe, x)
         self.max_pos: int | None = None                      # positions < max_pos are valid
         self.max_token: int | None = None
+        self.max_rows: int | None = None                     # row jobs: rows per run (set_rows)
         self.buf: np.ndarray | None = None
         self.addr = self.n_jobs = 0
 
@@ -341,6 +397,9 @@ class Plan:
 
     def _limit_pos(self, n: int) -> None:
         self.max_pos = n if self.max_pos is None else min(self.max_pos, n)
+
+    def _limit_rows(self, n: int) -> None:
+        self.max_rows = n if self.max_rows is None else min(self.max_rows, n)
 
     def _ptr(self, a: np.ndarray) -> int:
         self.keep.append(a)
@@ -384,16 +443,21 @@ class Plan:
         self._limit_pos(wpe.shape[0])
         self.keep += [wte, wpe, x]
 
+    def _weights(self, w, scale, n_tiles: int | None = None) -> tuple[int, int, int, dict]:
+        """A job's tiled weights (and int8 scales): (n_tiles, n_in, dtype flag, record fields)."""
+        n_tiles, n_in, flag = check_matrix(w, "w", scale, n_tiles)
+        if flag == FL_Q8 and not self.k.has_q8:
+            raise KernelUnavailableError(f"the {self.k.family} family has no int8 kernels in this library")
+        return n_tiles, n_in, flag, dict(w=self._ptr(w), scale=0 if scale is None else self._ptr(scale),
+                                         n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
+
     def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,
-               ln=None, embed: bool = False, gelu: bool = False, resid: np.ndarray | None = None,
-               chunk: int | None = None) -> int:
-        """y = W in + b over the tiles of w, in = x or LayerNorm(ln = (source, gain, bias)) (after the
-        embedding add if embed); then y = gelu(y), or resid += y (the residual add).  Returns the job index."""
-        if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.shape[2] == TILE and w.shape[0] >= 1
-                and w.shape[1] >= 1 and w.dtype in (np.float32, np.float16)):
-            raise InvalidArgumentError("w: expected a tiled float32/float16 matrix [n_tiles][n_in][64]")
-        n_tiles, n_in, _ = w.shape
-        check(w, "w", w.dtype, aligned=True)
+               scale: np.ndarray | None = None, ln=None, embed: bool = False, gelu: bool = False,
+               resid: np.ndarray | None = None, chunk: int | None = None) -> int:
+        """y = W in + b over the tiles of w (float32, float16, or int8 with its scales: required iff int8),
+        in = x or LayerNorm(ln = (source, gain, bias)) (after the embedding add if embed); then y = gelu(y),
+        or resid += y (the residual add).  Returns the job index."""
+        n_tiles, n_in, wflag, wf = self._weights(w, scale)
         flags, f = self._prologue(ln, embed, n_in, x)
         check(y, "y", np.float32, n_tiles * TILE, writable=True)
         if b is not None:
@@ -406,41 +470,100 @@ class Plan:
             check(resid, "resid", np.float32, n_tiles * TILE, writable=True)
             flags |= EPI_RESID
             f["a0"] = self._ptr(resid)
-        if w.dtype == np.float16:
-            flags |= FL_F16
-        f.update(w=self._ptr(w), b=0 if b is None else self._ptr(b), y=self._ptr(y), n_in=n_in,
-                 tile_bytes=n_in * TILE * w.itemsize)
-        return self._add(KIND_MATVEC, flags, n_tiles, chunk, f)
+        f.update(wf, b=0 if b is None else self._ptr(b), y=self._ptr(y))
+        return self._add(KIND_MATVEC, flags | wflag, n_tiles, chunk, f)
 
     def qkv_attention(self, w: np.ndarray, b: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                      out: np.ndarray, *, ln, embed: bool = False) -> int:
+                      out: np.ndarray, *, ln, embed: bool = False, scale: np.ndarray | None = None) -> int:
         """One transformer block's attention half for the token at the header's position pos: per head h
-        (the work items), tiles h, H+h, 2H+h of the c_attn matvec on LayerNorm(ln) give q_h (into q),
-        k_h and v_h (straight into the caches k, v [H][n_ctx][64] at pos); then the attention of head h
-        over positions 0..pos into out."""
-        if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
-            raise InvalidArgumentError("k: expected a cache [n_head][n_ctx][64]")
-        H, n_ctx, _ = k.shape
-        if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.shape[0] == 3 * H and w.shape[2] == TILE
-                and w.dtype in (np.float32, np.float16)):
-            raise InvalidArgumentError(f"w: expected a tiled matrix [{3 * H}][n_in][64]")
-        n_in = w.shape[1]
-        check(w, "w", w.dtype, aligned=True)
+        (the work items), tiles h, H+h, 2H+h of the c_attn matvec (scale: its int8 scales) on
+        LayerNorm(ln) give q_h (into q), k_h and v_h (straight into the caches k, v [H][n_ctx][64] at
+        pos); then the attention of head h over positions 0..pos into out."""
+        H, n_ctx = check_cache(k, v, writable=True)
+        _, n_in, wflag, wf = self._weights(w, scale, 3 * H)
         check(b, "b", np.float32, 3 * H * TILE)
         check(q, "q", np.float32, 3 * H * TILE, writable=True)
-        check(k, "k", np.float32, writable=True)
-        check(v, "v", np.float32, k.size, writable=True)
-        if v.shape != k.shape:
-            raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
         check(out, "out", np.float32, H * HEAD_DIM, writable=True)
         flags, f = self._prologue(ln, embed, n_in, None)
-        if w.dtype == np.float16:
-            flags |= FL_F16
         self._limit_pos(n_ctx)
         self.priv_s = max(self.priv_s, -(-n_ctx // 16) * 16)
-        f.update(w=self._ptr(w), b=self._ptr(b), y=self._ptr(q), n_in=n_in, a0=self._ptr(k), a1=self._ptr(v),
-                 a2=self._ptr(out), a3=n_ctx * HEAD_DIM, tile_bytes=n_in * TILE * w.itemsize)
-        return self._add(KIND_QKV, flags, H, None, f)
+        f.update(wf, b=self._ptr(b), y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out),
+                 a3=n_ctx * HEAD_DIM)
+        return self._add(KIND_QKV, flags | wflag, H, None, f)
+
+    # -- prefill: row jobs over the n_tok rows of a run (set_rows) -----------------------------------
+
+    def _rows(self, a, name: str, width: int, writable: bool = False) -> int:
+        """A row buffer [R][ld >= width]: limits the rows per run to R; returns ld (floats)."""
+        R, ld = check_rows(a, name, width, writable)
+        self._limit_rows(R)
+        self.keep.append(a)
+        return ld
+
+    def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None, y: np.ndarray, *,
+               scale: np.ndarray | None = None, gelu: bool = False, resid: np.ndarray | None = None,
+               kv: tuple | None = None, chunk: int | None = None) -> int:
+        """Y[t] = W X[t] + b for the rows t < n_tok of a run (tiles are the items), x [R][>= n_in],
+        y [R][>= 64 n_tiles]; then Y[t] = gelu(Y[t]), or resid[t] += Y[t] (resid [R][>= 64 n_tiles]).
+        kv = (k, v), the caches [H][n_ctx][64]: w is c_attn (3H tiles); its q tiles go to y
+        ([R][>= 64 H]), its k and v tiles straight into the caches at rows pos .. pos + n_tok - 1."""
+        if not self.k.has_matmul:
+            raise KernelUnavailableError(f"the {self.k.family} family has no matmul kernels in this library")
+        n_tiles, n_in, wflag, f = self._weights(w, scale)
+        if b is not None:
+            check(b, "b", np.float32, n_tiles * TILE)
+        flags, width = wflag, n_tiles * TILE
+        if kv is not None:
+            if not (isinstance(kv, tuple) and len(kv) == 2):
+                raise InvalidArgumentError("kv: expected the caches (k, v)")
+            if gelu or resid is not None:
+                raise InvalidArgumentError("no epilogue with kv")
+            H, n_ctx = check_cache(*kv, writable=True)
+            if n_tiles != 3 * H:
+                raise InvalidArgumentError(f"w: {n_tiles} tiles, expected {3 * H} (c_attn of {H} heads)")
+            self._limit_pos(n_ctx)
+            flags, width = flags | FL_KV, H * TILE
+            f.update(a0=self._ptr(kv[0]), a1=self._ptr(kv[1]), a3=n_ctx * HEAD_DIM, a4=H)
+        f.update(ldx=self._rows(x, "x", n_in), ldy=self._rows(y, "y", width, writable=True), x=addr(x),
+                 y=addr(y), b=0 if b is None else self._ptr(b))
+        if np.may_share_memory(x, y):
+            raise InvalidArgumentError("y must not overlap x")
+        if gelu and resid is not None:
+            raise InvalidArgumentError("one epilogue per job")
+        if gelu:
+            flags |= EPI_GELU
+        if resid is not None:
+            if np.may_share_memory(resid, y) or np.may_share_memory(resid, x):
+                raise InvalidArgumentError("resid must not overlap x or y")
+            f.update(ldr=self._rows(resid, "resid", n_tiles * TILE, writable=True), a0=addr(resid))
+            flags |= EPI_RESID
+        return self._add(KIND_MATMUL, flags, n_tiles, chunk, f)
+
+    def rows_layernorm(self, x: np.ndarray, g: np.ndarray, beta: np.ndarray, y: np.ndarray, *,
+                       chunk: int | None = None) -> int:
+        """Y[t] = layernorm(X[t]) (gain g, bias beta [n]) for the rows t < n_tok of a run (rows are the
+        items); x, y [R][>= n]."""
+        if not (isinstance(g, np.ndarray) and g.size >= 1):
+            raise InvalidArgumentError("ln gain: expected a float32 vector")
+        n = g.size
+        check(g, "ln gain", np.float32, n)
+        check(beta, "ln bias", np.float32, n)
+        f = dict(ldx=self._rows(x, "x", n), ldy=self._rows(y, "y", n, writable=True), x=addr(x), y=addr(y),
+                 g=self._ptr(g), beta=self._ptr(beta), n_in=n)
+        return self._add(KIND_ROWLN, FL_ROWS, 1, chunk, f)
+
+    def rows_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
+                       chunk: int | None = None) -> int:
+        """For the rows t < n_tok of a run at positions pos + t: out[t] = attention of the query row
+        q[t] over cache positions 0 .. pos + t (items: head x row pairs); q, out [R][>= 64 H]."""
+        H, n_ctx = check_cache(k, v)
+        f = dict(ldx=self._rows(q, "q", H * HEAD_DIM), ldy=self._rows(out, "out", H * HEAD_DIM, writable=True),
+                 y=addr(q), a0=self._ptr(k), a1=self._ptr(v), a2=addr(out), a3=n_ctx * HEAD_DIM)
+        if np.may_share_memory(q, out):
+            raise InvalidArgumentError("out must not overlap q")
+        self._limit_pos(n_ctx)
+        self.priv_s = max(self.priv_s, -(-n_ctx // 16) * 16)
+        return self._add(KIND_ROWATTN, FL_ROWS, H, chunk, f)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, n_pos: int) -> int:
         """Attention of q [H*64] over positions 0..n_pos-1 of k, v [H][n_ctx][64] into out; heads are the items."""
@@ -456,8 +579,9 @@ class Plan:
             raise InvalidArgumentError("the plan is built already")
         shift = 0
         if chunk is None:
-            chunk, shift = _claims(n_items, self.k.threads, self.k.family)
-        if not 1 <= chunk:
+            chunk, shift = (_row_claims(self.k.threads) if flags & FL_ROWS or kind == KIND_MATMUL else
+                            _claims(n_items, self.k.threads, self.k.family))
+        if not _is_int(chunk) or not 1 <= chunk:
             raise InvalidArgumentError(f"chunk must be ≥ 1, got {chunk}")
         flags |= shift << 8
         self.jobs.append((kind, flags, dict(fields, n=n_items, chunk=chunk)))
@@ -490,7 +614,7 @@ class Plan:
             for key, val in fields.items():
                 u64[base + _J[key]] = val
         self.buf, self.addr, self.n_jobs = buf, addr(buf), n
-        self._step = u64[:2]
+        self._step = u64[:PLAN_HEADER // 8]
         return self
 
     def __len__(self) -> int:
@@ -504,6 +628,19 @@ class Plan:
             raise InvalidArgumentError(f"position {pos} out of range 0..{self.max_pos - 1}")
         self._step[0] = token
         self._step[1] = pos
+
+    def set_rows(self, n_tok: int, pos: int) -> None:
+        """The per-run parameters of the row jobs: n_tok rows, the tokens at positions pos .. pos+n_tok-1
+        (1 <= n_tok <= the rows of every row buffer; pos + n_tok <= n_ctx of every cache)."""
+        if self.buf is None or self.max_rows is None:
+            raise InvalidArgumentError("set_rows: a built plan with row jobs is needed")
+        if not (_is_int(n_tok) and 1 <= n_tok <= self.max_rows):
+            raise InvalidArgumentError(f"rows per run must be in 1..{self.max_rows}, got {n_tok!r}")
+        limit = self.max_pos if self.max_pos is not None else 1 << 62
+        if not (_is_int(pos) and 0 <= pos and pos + n_tok <= limit):
+            raise InvalidArgumentError(f"positions {pos!r} .. +{n_tok} outside 0..{limit - 1}")
+        self._step[_H["pos"]] = pos
+        self._step[_H["n_tok"]] = n_tok
 
 
 class Kernels:
@@ -529,6 +666,20 @@ class Kernels:
         # void gpt2asm_matvec_f16_<isa>(const uint16_t *w, const float *x, const float *b, float *y,
         #                               size_t n_in, size_t tile_begin, size_t tile_end);
         self.matvec_f16 = self._bind(self._symbol("matvec_f16"), [P, P, P, P, N, N, N])
+        # void gpt2asm_matvec_q8_<isa>(const int8_t *w, const float *scale, const float *x, const float *b,
+        #                              float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+        # (optional: a family without it has has_q8 False and refuses int8 weights)
+        self.has_q8 = hasattr(self.lib, self._symbol("matvec_q8"))
+        self.matvec_q8 = self._bind(self._symbol("matvec_q8"), [P, P, P, P, P, N, N, N]) if self.has_q8 else None
+        # void gpt2asm_matmul_{f32,f16}_<isa>(const float *w, const float *x, size_t ldx, const float *b,
+        #                     float *y, size_t ldy, size_t n_tokens, size_t n_in, size_t tile_begin, size_t tile_end);
+        # void gpt2asm_matmul_q8_<isa>(const int8_t *w, const float *scale, <the same>);   (batched prefill)
+        self.has_matmul = all(hasattr(self.lib, self._symbol(f"matmul_{d}")) for d in ("f32", "f16", "q8"))
+        self.matmul_f32 = self.matmul_f16 = self.matmul_q8 = None
+        if self.has_matmul:
+            self.matmul_f32 = self._bind(self._symbol("matmul_f32"), [P, P, N, P, P, N, N, N, N, N])
+            self.matmul_f16 = self._bind(self._symbol("matmul_f16"), [P, P, N, P, P, N, N, N, N, N])
+            self.matmul_q8 = self._bind(self._symbol("matmul_q8"), [P, P, P, N, P, P, N, N, N, N, N])
         # void gpt2asm_layernorm_f32_<isa>(const float *x, const float *g, const float *b, float *y, size_t n);
         self.layernorm_f32 = self._bind(self._symbol("layernorm_f32"), [P, P, P, P, N])
         # void gpt2asm_gelu_f32_<isa>(const float *x, float *y, size_t n);
@@ -646,11 +797,22 @@ class Kernels:
         else:
             self.pool.run(fn, args)
 
-    def matvec_job(self, w: np.ndarray, x: int, b: int | None, y: int, n_in: int, n_tiles: int):
-        """(fn, per-thread args) for y = W x + b, tiles split across the threads."""
-        fn = self.matvec_f16 if w.dtype == np.float16 else self.matvec_f32
+    def matvec_job(self, w: np.ndarray, x: int, b: int | None, y: int, n_in: int, n_tiles: int,
+                   scale: int | None = None):
+        """(fn, per-thread args) for y = W x + b (int8 w: y = (Q x) * scale + b), tiles split across the
+        threads.  Addresses are prevalidated; scale is required iff w is int8."""
         parts = self.threads if self.pool else 1
-        return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in split(n_tiles, parts)]
+        ranges = split(n_tiles, parts)
+        if w.dtype == np.int8:
+            if not self.has_q8:
+                raise KernelUnavailableError(f"the {self.family} family has no int8 kernels in this library")
+            if scale is None:
+                raise InvalidArgumentError("int8 weights need their scales")
+            return self.matvec_q8, [(addr(w), scale, x, b, y, n_in, t0, t1) for t0, t1 in ranges]
+        if scale is not None:
+            raise InvalidArgumentError(f"a scale goes only with int8 weights, not {w.dtype}")
+        fn = self.matvec_f16 if w.dtype == np.float16 else self.matvec_f32
+        return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in ranges]
 
     def attention_job(self, q: int, k: int, v: int, out: int, scratch: list[int], n_pos: int,
                       head_stride: int, n_head: int):
@@ -660,23 +822,38 @@ class Kernels:
 
     # -- checked numpy API (tests, tools) --------------------------------------------------------------
 
-    def matvec(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        """y[64*n_tiles] = W x + b for a tiled w [n_tiles][n_in][64] (float32 or float16)."""
-        if not isinstance(w, np.ndarray) or w.ndim != 3 or w.shape[2] != TILE or w.shape[0] < 1 or w.shape[1] < 1:
-            raise InvalidArgumentError("w: expected a tiled matrix [n_tiles][n_in][64]")
-        if w.dtype not in (np.float32, np.float16):
-            raise InvalidArgumentError(f"w: dtype {w.dtype}, expected float32 or float16")
-        n_tiles, n_in, _ = w.shape
-        check(w, "w", w.dtype, aligned=True)
+    def matvec(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None,
+               scale: np.ndarray | None = None) -> np.ndarray:
+        """y[64*n_tiles] = W x + b for a tiled w [n_tiles][n_in][64] (float32 or float16), or
+        y = (Q x) * scale + b for int8 w with its scales (float32 [64*n_tiles], required iff int8)."""
+        n_tiles, n_in, _ = check_matrix(w, "w", scale)
         px = check(x, "x", np.float32, n_in)
         pb = None if b is None else check(b, "b", np.float32, n_tiles * TILE)
         y = np.empty(n_tiles * TILE, np.float32)
         if self.has_plan:
             p = Plan(self)
-            p.matvec(w, x, b, y)
+            p.matvec(w, x, b, y, scale=scale)
             self.run_plan(p.build())
         else:
-            self.run(*self.matvec_job(w, px, pb, addr(y), n_in, n_tiles))
+            self.run(*self.matvec_job(w, px, pb, addr(y), n_in, n_tiles, None if scale is None else addr(scale)))
+        return y
+
+    def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None,
+               scale: np.ndarray | None = None) -> np.ndarray:
+        """Y[t] = W X[t] + b for every row of x [T][n_in] (int8 w: with its scales): Y [T][64*n_tiles],
+        each row the bits of matvec(w, x[t], b, scale) (the batched-prefill kernels)."""
+        n_tiles, n_in, _ = check_matrix(w, "w", scale)
+        if not (isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[0] >= 1 and x.shape[1] == n_in):
+            raise InvalidArgumentError(f"x: expected rows [T][{n_in}]")
+        if b is not None:
+            check(b, "b", np.float32, n_tiles * TILE)
+        y = np.empty((x.shape[0], n_tiles * TILE), np.float32)
+        if not (self.has_plan and self.has_matmul):
+            raise KernelUnavailableError(f"the {self.family} family has no batched (matmul) plan jobs")
+        p = Plan(self)
+        p.matmul(w, x, b, y, scale=scale)
+        p.build().set_rows(x.shape[0], 0)
+        self.run_plan(p)
         return y
 
     def _unary(self, fn, x: np.ndarray, name: str) -> np.ndarray:

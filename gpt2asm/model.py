@@ -12,7 +12,14 @@ pointer and size checked here and in kernels.Plan) holds, per layer,
 
 and then LayerNorm f + the LM head.  Every output is computed by one thread with the kernels' own
 operation sequence (docs/kernels.md), so the logits are the same bits on every kernel family and thread
-count; the embedding and residual adds are single binary32 additions, like numpy's.
+count; the embedding and residual adds are single binary32 additions, like numpy's.  The matrices are
+float32, float16 or int8 (dtype 'q8': Layer.attn_s, .attn_proj_s, .fc_s, .proj_s and Weights.head_s
+hold the per-output scales).
+
+A prompt is prefilled layer by layer (prefill): a second plan runs each layer over up to PREFILL_ROWS
+tokens at once -- LayerNorm rows, the batched matmul kernels (every (token, output) the matvec's
+operation sequence; c_attn's keys and values straight into the cache), attention rows (row t over
+positions 0..pos+t) -- and then the LM head for the last token only: the same bits as one step per token.
 
 `step_reference` is the same computation as a sequence of single kernel calls from Python (numpy for the
 adds and cache copies): the reference the plan is tested against, the per-kernel comparison of the
@@ -22,12 +29,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ContextOverflowError, InvalidArgumentError
+from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
 from .kernels import HEAD_DIM, Kernels, Plan, addr, check
 from .state import State
 from .weights import Weights
 
 JOBS_PER_LAYER = 4
+PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers (~7 MB for GPT-2 124M)
+MATRIX_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8}
+
+
+def scale(obj, name: str) -> np.ndarray | None:
+    """The int8 scales of matrix `name` of a Layer or Weights (attn -> attn_s), None unless q8."""
+    return getattr(obj, name + "_s", None)
 
 
 class Transformer:
@@ -35,17 +49,39 @@ class Transformer:
         self.w, self.k, self.cfg = weights, kernels, weights.config
         self._validate()
         self.n_tiles_head = -(-self.cfg.vocab_size // 64)
+        self.arrays = object()          # identity of the weight arrays the states' plans point at
+        self.resident = None            # a resident.Resident copying file-mapped matrices (start_resident)
+
+    def start_resident(self) -> None:
+        """Copy the file-mapped matrices (a warm tile cache) into anonymous memory in the background;
+        steps adopt the copies once they are complete (resident.py: faster streaming on Linux guests)."""
+        from .resident import Resident
+        if self.resident is None:
+            self.resident = Resident(self.w)
+
+    def _adopt(self) -> None:
+        """Between steps: swap in the resident copies if ready; states rebuild their plans."""
+        if self.resident.poll():
+            self._validate()
+            self.arrays = object()
 
     def _validate(self) -> None:
         """Every weight array reaches assembly by address: check each once, here."""
         C, w = self.cfg.n_embd, self.w
         if self.cfg.n_embd != self.cfg.n_head * HEAD_DIM:
             raise InvalidArgumentError(f"n_embd {C} must be n_head * {HEAD_DIM}")
-        mat = np.float16 if w.dtype == "f16" else np.float32
-        for name, a, n_in, n_out in self._matrices():
-            check(a, name, mat, aligned=True)
+        if w.dtype not in MATRIX_DTYPES:
+            raise InvalidArgumentError(f"weights dtype {w.dtype!r}: expected one of {', '.join(MATRIX_DTYPES)}")
+        if w.dtype == "q8" and not self.k.has_q8:
+            raise KernelUnavailableError(f"the {self.k.family} kernel family has no int8 (q8) kernels")
+        for name, a, s, n_in, n_out in self._matrices():
+            check(a, name, MATRIX_DTYPES[w.dtype], aligned=True)
             if a.shape != (-(-n_out // 64), n_in, 64):
                 raise InvalidArgumentError(f"{name}: tiled shape {a.shape} does not fit {n_in}x{n_out}")
+            if w.dtype == "q8":
+                check(s, name[:-2] + "_s", np.float32, a.shape[0] * 64)
+            elif s is not None:
+                raise InvalidArgumentError(f"{name[:-2]}_s: scales go only with q8 weights")
         for i, L in enumerate(w.layers):
             for name in ("ln1_g", "ln1_b", "ln2_g", "ln2_b"):
                 check(getattr(L, name), f"h.{i}.{name}", np.float32, C)
@@ -59,13 +95,12 @@ class Transformer:
             check(w.head_b, "head_b", np.float32, -(-self.cfg.vocab_size // 64) * 64)
 
     def _matrices(self):
+        """(name, tiled matrix, its int8 scales or None, n_in, n_out) for every weight matrix."""
         C = self.cfg.n_embd
         for i, L in enumerate(self.w.layers):
-            yield f"h.{i}.attn_w", L.attn_w, C, 3 * C
-            yield f"h.{i}.attn_proj_w", L.attn_proj_w, C, C
-            yield f"h.{i}.fc_w", L.fc_w, C, 4 * C
-            yield f"h.{i}.proj_w", L.proj_w, 4 * C, C
-        yield "head_w", self.w.head_w, C, self.cfg.vocab_size
+            for m, n_in, n_out in (("attn", C, 3 * C), ("attn_proj", C, C), ("fc", C, 4 * C), ("proj", 4 * C, C)):
+                yield f"h.{i}.{m}_w", getattr(L, m + "_w"), scale(L, m), n_in, n_out
+        yield "head_w", self.w.head_w, scale(self.w, "head"), C, self.cfg.vocab_size
 
     def new_state(self) -> State:
         return State(self.cfg, self.k.threads)
@@ -83,19 +118,41 @@ class Transformer:
         p.set_embedding(wte, wpe, s.x)
         for i, L in enumerate(w.layers):
             p.qkv_attention(L.attn_w, L.attn_b, s.qkv, s.k[i], s.v[i], s.att, ln=(s.x, L.ln1_g, L.ln1_b),
-                            embed=embed and i == 0)
-            p.matvec(L.attn_proj_w, s.att, L.attn_proj_b, s.proj, resid=s.x)
-            p.matvec(L.fc_w, None, L.fc_b, s.fc, ln=(s.x, L.ln2_g, L.ln2_b), gelu=True)
-            p.matvec(L.proj_w, s.fc, L.proj_b, s.proj, resid=s.x)
-        p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b))
+                            embed=embed and i == 0, scale=scale(L, "attn"))
+            p.matvec(L.attn_proj_w, s.att, L.attn_proj_b, s.proj, resid=s.x, scale=scale(L, "attn_proj"))
+            p.matvec(L.fc_w, None, L.fc_b, s.fc, ln=(s.x, L.ln2_g, L.ln2_b), gelu=True, scale=scale(L, "fc"))
+            p.matvec(L.proj_w, s.fc, L.proj_b, s.proj, resid=s.x, scale=scale(L, "proj"))
+        p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b), scale=scale(w, "head"))
+        return p.build()
+
+    def build_prefill_plan(self, s: State) -> Plan:
+        """Every layer of a prefill run over the row buffers r = s.rows [R][.]: rows t < n_tok, the tokens
+        at positions pos + t (Plan.set_rows), r.x holding their embeddings; 7 jobs per layer."""
+        r, p = s.prefill_rows(PREFILL_ROWS), self.k.new_plan()
+        for i, L in enumerate(self.w.layers):
+            k, v = s.k[i], s.v[i]                                                 # [H][n_ctx][64]
+            p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h)                          # h = ln_1(x)      [T][C]
+            p.matmul(L.attn_w, r.h, L.attn_b, r.q, kv=(k, v), scale=scale(L, "attn"))  # q [T][C]; k, v -> cache
+            p.rows_attention(r.q, k, v, r.att)                                    # att, causal     [T][C]
+            p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x, scale=scale(L, "attn_proj"))  # x += att W
+            p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                          # h = ln_2(x)
+            p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True, scale=scale(L, "fc"))  # fc = gelu(h W) [T][4C]
+            p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x, scale=scale(L, "proj"))  # x += fc W
         return p.build()
 
     def _step_plan(self, s: State) -> Plan:
-        if s.plan is None or s.plan_owner is not self:
+        if s.plan is None or s.plan_owner is not self.arrays:
             s.plan, s.plan_owner = None, None
             s.plan = self.build_plan(s, embed=True)
-            s.plan_owner = self
+            s.plan_owner = self.arrays
         return s.plan
+
+    def _prefill_plan(self, s: State) -> Plan:
+        if s.prefill_plan is None or s.prefill_owner is not self.arrays:
+            s.prefill_plan, s.prefill_owner = None, None
+            s.prefill_plan = self.build_prefill_plan(s)
+            s.prefill_owner = self.arrays
+        return s.prefill_plan
 
     def _check_step(self, s: State, token) -> tuple[int, int]:
         pos = s.n
@@ -111,13 +168,56 @@ class Transformer:
 
     def step(self, s: State, token: int) -> np.ndarray:
         """Feed one token at position s.n, extend the cache; return the logits [vocab] (a view of s)."""
+        if self.resident is not None:
+            self._adopt()
         if not self.k.has_plan:
             return self.step_reference(s, token)
         token, pos = self._check_step(s, token)
-        plan = s.plan if s.plan_owner is self else self._step_plan(s)
+        plan = s.plan if s.plan_owner is self.arrays else self._step_plan(s)
         plan.set_step(token, pos)                  # checked again against the plan's own limits
         self.k.run_plan(plan)                      # the whole forward step: one call into the library
         s.n = pos + 1
+        return s.logits_view
+
+    def _check_tokens(self, s: State, tokens) -> list[int]:
+        if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
+            raise InvalidArgumentError(f"tokens: expected a sequence of token ids, got {type(tokens).__name__}")
+        if len(tokens) == 0:
+            raise InvalidArgumentError("tokens: at least one token id is needed")
+        V = self.cfg.vocab_size
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise InvalidArgumentError(f"token id {t!r} is not an integer")
+            if not 0 <= t < V:
+                raise InvalidArgumentError(f"token id {t} out of range 0..{V - 1}")
+        if s.n + len(tokens) > self.cfg.n_ctx:
+            raise ContextOverflowError(s.n + len(tokens), self.cfg.n_ctx)
+        return [int(t) for t in tokens]
+
+    def prefill(self, s: State, tokens) -> np.ndarray:
+        """Feed tokens at positions s.n, s.n+1, ..., extend the cache; return the logits [vocab] of the last
+        token (a view of s).  Bit-identical to step() for each token (logits and cache): layer by layer over
+        up to PREFILL_ROWS tokens per plan run, the LM head only for the last token."""
+        tokens = self._check_tokens(s, tokens)
+        if self.resident is not None:
+            self._adopt()
+        if len(tokens) == 1 or not (self.k.has_plan and self.k.has_matmul):
+            for t in tokens:               # one token (a step is faster), or no plan executor: cached steps
+                logits = self.step(s, t)
+            return logits
+        cfg, p, head = self.cfg, self._prefill_plan(s), self._step_plan(s)
+        wte, wpe = self.w.wte.reshape(cfg.vocab_size, -1), self.w.wpe.reshape(cfg.n_ctx, -1)
+        x = s.rows.x                                               # [R][C] residual stream rows
+        for c0 in range(0, len(tokens), len(x)):
+            ids = tokens[c0:c0 + len(x)]
+            T, pos = len(ids), s.n
+            np.add(wte[ids], wpe[pos:pos + T], out=x[:T])          # x[t] = wte[token] + wpe[pos + t]
+            p.set_rows(T, pos)
+            self.k.run_plan(p)                                     # every layer over the T rows: one call
+            s.n = pos + T
+        s.x[:] = x[T - 1]
+        L = JOBS_PER_LAYER * cfg.n_layer
+        self.k.run_plan(head, L, L + 1)                            # LayerNorm f + LM head, last token
         return s.logits_view
 
     def forward(self, tokens: list[int]) -> np.ndarray:
@@ -153,25 +253,26 @@ class Transformer:
 
     # -- the per-call reference path -----------------------------------------------------------------
 
-    def _matvec(self, w: np.ndarray, x: int, b: np.ndarray | None, y: int, n_in: int) -> None:
-        self.k.run(*self.k.matvec_job(w, x, None if b is None else addr(b), y, n_in, w.shape[0]))
+    def _matvec(self, w: np.ndarray, s: np.ndarray | None, x: int, b: np.ndarray | None, y: int, n_in: int) -> None:
+        self.k.run(*self.k.matvec_job(w, x, None if b is None else addr(b), y, n_in, w.shape[0],
+                                      None if s is None else addr(s)))
 
     def _block(self, s: State, i: int, pos: int) -> None:
         """Transformer block i for the token at position pos; s.x is the residual stream."""
         L, C, H = self.w.layers[i], self.cfg.n_embd, self.cfg.n_head
         K = self.k
         K.layernorm_f32(addr(s.x), addr(L.ln1_g), addr(L.ln1_b), addr(s.h), C)
-        self._matvec(L.attn_w, addr(s.h), L.attn_b, addr(s.qkv), C)      # qkv [3C] = h W + b
+        self._matvec(L.attn_w, scale(L, "attn"), addr(s.h), L.attn_b, addr(s.qkv), C)  # qkv [3C] = h W + b
         s.k[i, :, pos] = s.qkv[C:2 * C].reshape(H, HEAD_DIM)               # cache this position
         s.v[i, :, pos] = s.qkv[2 * C:3 * C].reshape(H, HEAD_DIM)
         K.run(*K.attention_job(addr(s.qkv), addr(s.k[i]), addr(s.v[i]), addr(s.att),
                                [addr(a) for a in s.scratch], pos + 1, self.cfg.n_ctx * HEAD_DIM, H))
-        self._matvec(L.attn_proj_w, addr(s.att), L.attn_proj_b, addr(s.proj), C)
+        self._matvec(L.attn_proj_w, scale(L, "attn_proj"), addr(s.att), L.attn_proj_b, addr(s.proj), C)
         np.add(s.x, s.proj[:C], out=s.x)                                   # x += attn
         K.layernorm_f32(addr(s.x), addr(L.ln2_g), addr(L.ln2_b), addr(s.h), C)
-        self._matvec(L.fc_w, addr(s.h), L.fc_b, addr(s.fc), C)             # fc [4C]
+        self._matvec(L.fc_w, scale(L, "fc"), addr(s.h), L.fc_b, addr(s.fc), C)  # fc [4C]
         K.gelu_f32(addr(s.fc), addr(s.fc), 4 * C)
-        self._matvec(L.proj_w, addr(s.fc), L.proj_b, addr(s.proj), 4 * C)
+        self._matvec(L.proj_w, scale(L, "proj"), addr(s.fc), L.proj_b, addr(s.proj), 4 * C)
         np.add(s.x, s.proj[:C], out=s.x)                                   # x += mlp
 
     def _embed(self, s: State, token: int, pos: int) -> None:
@@ -180,7 +281,7 @@ class Transformer:
     def _head(self, s: State) -> np.ndarray:
         C = self.cfg.n_embd
         self.k.layernorm_f32(addr(s.x), addr(self.w.ln_f_g), addr(self.w.ln_f_b), addr(s.h), C)
-        self._matvec(self.w.head_w, addr(s.h), self.w.head_b, addr(s.logits), C)
+        self._matvec(self.w.head_w, scale(self.w, "head"), addr(s.h), self.w.head_b, addr(s.logits), C)
         return s.logits[:self.cfg.vocab_size]
 
     def step_reference(self, s: State, token: int) -> np.ndarray:

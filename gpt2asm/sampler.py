@@ -56,9 +56,18 @@ class Sampler:
     def __call__(self, logits: np.ndarray, history: list[int] | None = None) -> int:
         """logits [vocab] float32 (not modified) -> token id."""
         if not np.isfinite(logits).all():
-            bad = int(np.count_nonzero(~np.isfinite(logits)))
-            raise NonFiniteLogitsError(f"the model produced {bad} non-finite logits (NaN/inf); "
-                                       "the weights may be corrupt — refusing to sample")
+            self._non_finite(logits)
+        if self.temperature == 0.0 and (self.penalty == 1.0 or not history):
+            return int(np.argmax(logits))                 # plain greedy: no copy; the first maximum
+        return self._sample(logits, history)
+
+    @staticmethod
+    def _non_finite(logits: np.ndarray) -> None:
+        bad = int(np.count_nonzero(~np.isfinite(logits)))
+        raise NonFiniteLogitsError(f"the model produced {bad} non-finite logits (NaN/inf); "
+                                   "the weights may be corrupt — refusing to sample")
+
+    def _sample(self, logits: np.ndarray, history: list[int] | None) -> int:
         z = logits.astype(np.float32, copy=True)
         if self.penalty != 1.0 and history:
             seen = np.unique(np.asarray(history, np.int64))

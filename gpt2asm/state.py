@@ -4,7 +4,8 @@ KV cache layout (docs/kernels.md, attention): k, v [n_layer][n_head][n_ctx][64] 
 keys and values contiguous, so attention streams them in position order.
 
 The step plan (model.Transformer.build_plan) holds the addresses of these arrays: they are allocated
-once here and only ever written in place (restore() copies into them), never replaced.
+once here and only ever written in place (restore() copies into them), never replaced.  The row buffers
+of a prefill (Rows, and the prefill plan over them) are allocated on the first prefill.
 """
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ class State:
         self.n = 0                                          # positions held in the cache
         self.plan = None                                    # the step plan over these buffers (model.py),
         self.plan_owner = None                              # built by this Transformer on first use
+        self.rows = None                                    # prefill row buffers (prefill_rows)
+        self.prefill_plan = None                            # the prefill plan over them and the cache,
+        self.prefill_owner = None                           # built by this Transformer on first use
+
+    def prefill_rows(self, rows: int) -> "Rows":
+        """The prefill row buffers, allocated once (min(rows, n_ctx) rows) and never replaced."""
+        if self.rows is None:
+            self.rows = Rows(self.cfg, min(rows, self.cfg.n_ctx))
+        return self.rows
 
     def reset(self) -> None:
         self.n = 0
@@ -55,3 +65,16 @@ class State:
         self.k[:, :, :n] = k
         self.v[:, :, :n] = v
         self.n = n
+
+
+class Rows:
+    """Row buffers of a prefill run: one row per token, R rows (model.Transformer.prefill)."""
+
+    def __init__(self, cfg: GPT2Config, R: int):
+        C = cfg.n_embd
+        self.x = zeros((R, C))                      # residual stream
+        self.h = zeros((R, C))                      # LayerNorm output
+        self.q = zeros((R, C))                      # queries (keys and values go straight to the cache)
+        self.att = zeros((R, C))                    # attention output
+        self.y = zeros((R, C))                      # c_proj outputs, added to x
+        self.fc = zeros((R, 4 * C))                 # MLP hidden

@@ -4,9 +4,10 @@
     w = load_weights_cached("models/gpt2", dtype="f32")      # same Weights as weights.load_weights
 
 Tiling ~500 MB of matrices costs seconds at every start; a cache file holds them in the engine's layout
-([out/64][in][64] tiles, f32 or f16; the output head; wte as float32 when the checkpoint's own copy cannot
-be mapped 64-byte aligned), so a warm start maps it (read-only, zero-copy) and reads from the checkpoint
-only the small tensors (LayerNorm parameters, biases, wpe), which it validates as the cold path does.
+([out/64][in][64] tiles, f32, f16 or q8 = int8 + per-output float32 scales; the output head; wte as float32
+when the checkpoint's own copy cannot be mapped 64-byte aligned), so a warm start maps it (read-only,
+zero-copy) and reads from the checkpoint only the small tensors (LayerNorm parameters, biases, wpe), which
+it validates as the cold path does.
 
 One cache file per (checkpoint path, dtype, layout version), in `cache_dir`, else $GPT2ASM_CACHE, else
 ~/.cache/gpt2asm ($GPT2ASM_CACHE=off disables the cache); the least recently used files beyond
@@ -44,18 +45,19 @@ key, that every array the layout expects for this checkpoint's config is there w
 data area and non-overlapping, and the data samples; the engine then checks each array it uses.
 $GPT2ASM_CACHE_VERIFY=1 also checks a CRC-32 of every array (about 0.3 s per 650 MB).
 
-Layouts: 'f32' and 'f16' are built in. Another weight format registers a Layout (register_layout): its
-cold loader, the arrays it stores, the arrays a valid cache must hold, how to assemble a Weights. The
-generic pieces cover the int8 one (int8 tiles + per-output float32 scales): tiled_stored stores every array
-field of Layer / Weights that is not read from the checkpoint (so new fields such as scales are carried),
-tiled_expected(ld, dtype, mat_dtype=np.int8) gives the tiled shapes, and tiled_assemble(...,
-weights_cls=, layer_cls=) rebuilds the dataclasses. E.g. in gpt2asm/quant.py, once a q8 loader exists:
+Layouts: 'f32', 'f16' and 'q8' are built in. Another weight format registers a Layout (register_layout):
+its cold loader, the arrays it stores, the arrays a valid cache must hold, how to assemble a Weights. The
+generic pieces: tiled_stored stores every array field of Layer / Weights that is not read from the
+checkpoint (so fields such as the q8 scales are carried), tiled_expected(ld, dtype, mat_dtype) gives the
+tiled shapes, and tiled_assemble(..., weights_cls=, layer_cls=) rebuilds the dataclasses. 'q8' is
 
-    register_layout(Layout("q8", 1, load_weights_q8, tiled_stored, q8_expected, tiled_assemble,
-                           ("gpt2asm.quant", "gpt2asm.weights")))
+    register_layout(Layout("q8", 1, weights.load_weights, tiled_stored, q8_expected, tiled_assemble,
+                           ("gpt2asm.weights", "gpt2asm.quant"), _NUMERIC))
 
-(q8_expected = tiled_expected(ld, "q8", np.int8) plus the scales' shapes.) An unknown dtype imports
-gpt2asm.quant once (where such a registration would live), and without a layout the cold loader is used.
+(q8_expected = tiled_expected(ld, "q8", np.int8) plus the scales, float32 [64 * n_tiles] each: h.I.attn_s,
+h.I.attn_proj_s, h.I.fc_s, h.I.proj_s, head_s); the quantiser's source is part of its key. An unknown
+dtype imports gpt2asm.quant once (where another registration could live), and without a layout the cold
+loader is used.
 """
 from __future__ import annotations
 
@@ -217,9 +219,23 @@ def tiled_assemble(ld, dtype: str, arrays: dict, weights_cls=None, layer_cls=Non
         source_dtype="+".join(stored), **top)
 
 
+def q8_expected(ld, dtype: str = "q8") -> dict:
+    """The q8 layout: int8 tiles (tiled_expected with np.int8) and the float32 scale of every output of
+    each matrix, [64 * n_tiles] (Layer.attn_s, attn_proj_s, fc_s, proj_s; Weights.head_s)."""
+    out = tiled_expected(ld, dtype, np.int8)
+    f32 = np.dtype(np.float32)
+    for name, (dt, shape) in list(out.items()):
+        if name.endswith("_w"):                         # h.I.attn_w -> h.I.attn_s, head_w -> head_s
+            out[name[:-2] + "_s"] = (f32, (shape[0] * W.TILE,))
+    return out
+
+
 for _dt in ("f32", "f16"):
     register_layout(Layout(_dt, 1, W.load_weights, tiled_stored, tiled_expected, tiled_assemble,
                            ("gpt2asm.weights",), _NUMERIC))
+# int8 tiles + per-output scales; the quantiser's source is part of the key (a change re-quantises)
+register_layout(Layout("q8", 1, W.load_weights, tiled_stored, q8_expected, tiled_assemble,
+                       ("gpt2asm.weights", "gpt2asm.quant"), _NUMERIC))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ are ignored. lm_head.weight is optional: when present it is the output head, oth
 
 Engine layout (see tile_matrix): every matrix multiply  y[out] = x[in] @ W[in][out] + b  uses W tiled as
     Wt[ceil(out/64)][in][64],  Wt[t][i][j] = W[i][64t + j]   (zero for 64t + j >= out)
-so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32 or float16
-(dtype='f16'), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
+so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32, float16
+(dtype='f16') or int8 with one float32 scale per output (dtype='q8', gpt2asm.quant: Layer.*_s and
+Weights.head_s), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0":
              "U64": 8, "I64": 8, "F64": 8, "C64": 8}
 # the dtypes whose weights we can use -> how they are viewed in numpy (BF16 as raw bits)
 _NUMPY_DTYPE = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-_ENGINE_DTYPES = {"f32": np.float32, "f16": np.float16}
+_ENGINE_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8}   # engine dtype -> tiled matrix dtype
+_FLOAT_TILES = (np.dtype(np.float32), np.dtype(np.float16))             # what tile_matrix / tile_head write
 
 _IGNORED_RE = re.compile(r"^h\.\d{1,9}\.attn\.(bias|masked_bias)$")   # causal-mask buffers, not weights
 _BLOCK_RE = re.compile(r"^h\.(\d{1,9})\.")                              # (longer numbers: not a block)
@@ -73,13 +75,15 @@ def aligned_zeros(shape, dtype, align: int = ALIGN) -> np.ndarray:
 
 
 def _engine_dtype(dtype) -> np.dtype:
+    """float32 / float16 for tile_matrix and tile_head (int8 tiles come from gpt2asm.quant)."""
     if isinstance(dtype, str) and dtype in _ENGINE_DTYPES:
-        return np.dtype(_ENGINE_DTYPES[dtype])
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
+        dt = np.dtype(_ENGINE_DTYPES[dtype])
+    else:
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+    if dt not in _FLOAT_TILES:
         raise InvalidArgumentError(f"matrix dtype must be float32/'f32' or float16/'f16', got {dtype!r}")
     return dt
 
@@ -303,12 +307,17 @@ class Layer:
     fc_b: np.ndarray         # [4C]
     proj_w: np.ndarray       # [C/64][4C][64]
     proj_b: np.ndarray       # [C]
+    # dtype 'q8' only (None otherwise): float32 scale per output of the int8 matrix above, [64*n_tiles]
+    attn_s: np.ndarray | None = None        # [3C]
+    attn_proj_s: np.ndarray | None = None   # [C]
+    fc_s: np.ndarray | None = None          # [4C]
+    proj_s: np.ndarray | None = None        # [C]
 
 
 @dataclass
 class Weights:
     config: GPT2Config
-    dtype: str                      # 'f32' or 'f16': dtype of the tiled matrices
+    dtype: str                      # 'f32', 'f16' or 'q8': dtype of the tiled matrices (q8: int8 + scales)
     wte: np.ndarray                 # [V][C] float32 (a read-only view of the mapped file when possible)
     wpe: np.ndarray                 # [n_ctx][C] float32
     ln_f_g: np.ndarray              # [C]
@@ -321,13 +330,15 @@ class Weights:
     wte_is_mapped: bool = False     # wte is a zero-copy view of the file
     path: Path | None = None        # the model.safetensors that was loaded
     source_dtype: str = "F32"       # stored dtype(s) of the weights, e.g. 'F32' or 'F16' or 'F16+F32'
+    head_s: np.ndarray | None = None    # dtype 'q8' only: float32 scale per output of head_w, [V_pad]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the engine arrays (not counting a mapped wte)."""
-        arrays = [self.wpe, self.ln_f_g, self.ln_f_b, self.head_w]
+        """Bytes of the engine arrays, q8 scales included (not counting a mapped wte)."""
+        arrays = [self.wpe, self.ln_f_g, self.ln_f_b, self.head_w, self.head_b, self.head_s]
         arrays += [a for layer in self.layers for a in vars(layer).values()]
-        return sum(a.nbytes for a in arrays) + (0 if self.wte_is_mapped else self.wte.nbytes)
+        return (sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+                + (0 if self.wte_is_mapped else self.wte.nbytes))
 
 
 def _expected_shapes(cfg: GPT2Config) -> dict:
@@ -466,6 +477,11 @@ class _Loader:
     def matrix(self, bare: str, dt) -> np.ndarray:
         return tile_matrix(self.tensor(bare, f16_target=dt == np.float16), dt)
 
+    def matrix_q8(self, bare: str) -> tuple[np.ndarray, np.ndarray]:
+        """(int8 tiles, float32 scales) of a Conv1D weight (gpt2asm.quant.quantize_q8)."""
+        from .quant import quantize_q8
+        return quantize_q8(self.tensor(bare))
+
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:
     out = aligned_empty(a.shape, np.float32)
@@ -477,10 +493,14 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     """Load model.safetensors (a model directory or the file itself; config.json beside it is used when
     present, otherwise the config is inferred from the shapes) and build the engine's arrays.
 
-    dtype 'f16' stores the tiled matrices (blocks and output head) as float16; everything else is float32.
+    dtype 'f16' stores the tiled matrices (blocks and output head) as float16; 'q8' as int8 with one float32
+    scale per output (gpt2asm.quant: Layer.attn_s, attn_proj_s, fc_s, proj_s, Weights.head_s); everything
+    else is float32.
     """
-    if dtype not in _ENGINE_DTYPES:
-        raise InvalidArgumentError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in _ENGINE_DTYPES:
+        raise InvalidArgumentError(f"dtype must be 'f32', 'f16' or 'q8', got {dtype!r}")
+    if dtype == "q8":
+        return _load_weights_q8(path)
     dt = np.dtype(_ENGINE_DTYPES[dtype])
     file, config_path = _resolve(path)
     ld = _Loader(SafetensorsFile(file), config_path)
@@ -527,4 +547,63 @@ def load_weights(path, dtype: str = "f32") -> Weights:
         wte_is_mapped=wte_is_mapped,
         path=file,
         source_dtype="+".join(stored),
+    )
+
+
+def _load_weights_q8(path) -> Weights:
+    """load_weights(path, 'q8'): the four matrices of every block and the output head quantised to int8
+    (gpt2asm.quant.quantize_q8 / quantize_q8_head, from the float32 values of the checkpoint: exact for
+    F32 / F16, BF16 widened exactly), each with its float32 scales; wte, wpe and the vectors float32."""
+    from .quant import quantize_q8_head
+    file, config_path = _resolve(path)
+    ld = _Loader(SafetensorsFile(file), config_path)
+    cfg = ld.config
+
+    layers = []
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        attn_w, attn_s = ld.matrix_q8(p + "attn.c_attn.weight")
+        attn_proj_w, attn_proj_s = ld.matrix_q8(p + "attn.c_proj.weight")
+        fc_w, fc_s = ld.matrix_q8(p + "mlp.c_fc.weight")
+        proj_w, proj_s = ld.matrix_q8(p + "mlp.c_proj.weight")
+        layers.append(Layer(
+            ln1_g=ld.vector(p + "ln_1.weight"),
+            ln1_b=ld.vector(p + "ln_1.bias"),
+            attn_w=attn_w,
+            attn_b=ld.vector(p + "attn.c_attn.bias"),
+            attn_proj_w=attn_proj_w,
+            attn_proj_b=ld.vector(p + "attn.c_proj.bias"),
+            ln2_g=ld.vector(p + "ln_2.weight"),
+            ln2_b=ld.vector(p + "ln_2.bias"),
+            fc_w=fc_w,
+            fc_b=ld.vector(p + "mlp.c_fc.bias"),
+            proj_w=proj_w,
+            proj_b=ld.vector(p + "mlp.c_proj.bias"),
+            attn_s=attn_s, attn_proj_s=attn_proj_s, fc_s=fc_s, proj_s=proj_s,
+        ))
+
+    tied = "lm_head.weight" not in ld.names
+    wte = ld.tensor("wte.weight")
+    wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
+    if not wte_is_mapped:
+        wte = _aligned_copy(wte)
+    head_w, head_s = quantize_q8_head(wte if tied else ld.tensor("lm_head.weight"))
+
+    stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
+    return Weights(
+        config=cfg,
+        dtype="q8",
+        wte=wte,                                            # [V][C] float32
+        wpe=_aligned_copy(ld.tensor("wpe.weight")),         # [n_ctx][C]
+        ln_f_g=ld.vector("ln_f.weight"),                    # [C]
+        ln_f_b=ld.vector("ln_f.bias"),                      # [C]
+        head_w=head_w,                                      # int8 [V_pad/64][C][64]
+        head_b=None,
+        n_vocab_padded=-(-cfg.vocab_size // TILE) * TILE,
+        layers=layers,
+        tied_head=tied,
+        wte_is_mapped=wte_is_mapped,
+        path=file,
+        source_dtype="+".join(stored),
+        head_s=head_s,                                      # float32 [V_pad]
     )

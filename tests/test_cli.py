@@ -12,7 +12,7 @@ import pytest
 from gpt2asm import GPT2
 
 ROOT = Path(__file__).resolve().parent.parent
-STATS = re.compile(r"^\[gpt2asm\] (\d+) prompt \+ (\d+) generated tokens, [\d.]+ tok/s \((\w+), (fp32|fp16), -j (\d+)")
+STATS = re.compile(r"^\[gpt2asm\] (\d+) prompt \+ (\d+) generated tokens, [\d.]+ tok/s \((\w+), (fp32|fp16|q8), -j (\d+)")
 
 
 def cli(*args, env=None, cwd=ROOT):
@@ -57,6 +57,16 @@ def test_ids_mode_fp16_threads(ckpt_tiny):
     assert [int(x) for x in l1.split()] == m.encode("Hello world")
     assert [int(x) for x in l2.split()] == list(m.generate_ids(m.encode("Hello world"), 8, temperature=0))
     assert STATS.match(r.stderr.strip().splitlines()[-1]).group(4, 5) == ("fp16", "2")
+    d = cli("--model", str(ckpt_tiny), "-i", "--dtype", "f16", "-j", "2", "-n", "8", "-t", "0", "Hello world")
+    assert d.returncode == 0 and d.stdout == r.stdout            # --dtype f16 is -h
+    assert STATS.match(d.stderr.strip().splitlines()[-1]).group(4) == "fp16"
+
+
+@pytest.mark.parametrize("args", [("-h", "--dtype", "q8"), ("-h", "--dtype", "f32"), ("--dtype", "q4"),
+                                  ("--dtype",)])
+def test_dtype_usage_errors(ckpt_tiny, args):
+    r = cli("--model", str(ckpt_tiny), "-n", "2", *args, "Hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--dtype" in r.stderr, r.stderr
 
 
 def test_model_from_env_and_cwd(ckpt_tiny):
@@ -93,3 +103,4 @@ def test_context_overflow_one_line(ckpt_tiny):
 def test_help():
     r = cli("--help")
     assert r.returncode == 0 and "-h" in r.stdout and "fp16" in r.stdout
+    assert "--dtype {f32,f16,q8}" in r.stdout and "int8" in r.stdout

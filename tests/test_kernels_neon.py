@@ -1,15 +1,17 @@
 """checkasm-style tests of the AArch64 NEON kernels (asm/aarch64/*_neon.S), run under qemu-aarch64 on x86
 (make test-arm64, tools/arm64/run_tests.py) or natively on Arm.
 
-    gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_layernorm_f32_neon, gpt2asm_gelu_f32_neon,
-    gpt2asm_expf_f32_neon, gpt2asm_softmax_f32_neon, gpt2asm_attention_f32_neon     (docs/kernels.md)
+    gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon, gpt2asm_layernorm_f32_neon,
+    gpt2asm_gelu_f32_neon, gpt2asm_expf_f32_neon, gpt2asm_softmax_f32_neon, gpt2asm_attention_f32_neon
+                                                                                    (docs/kernels.md)
 
 The contract is the x86 one: every output is the same sequence of IEEE binary32 operations.  Each call is
 checked against
 
-  * the exact numpy models of tests/test_kernels_matvec.py and tests/test_kernels_ops.py (imported, not
-    copied: most checks here ARE those files' test functions, run on a NEON runner), bit for bit, NaN-ness
-    included; their float64 references within the documented bounds; special values;
+  * the exact numpy models of tests/test_kernels_matvec.py, tests/test_kernels_q8.py and
+    tests/test_kernels_ops.py (imported, not copied: most checks here ARE those files' test functions, run
+    on a NEON runner), bit for bit, NaN-ness included; their float64 references within the documented
+    bounds; special values;
   * the x86 kernels themselves: FINGERPRINTS are SHA-256 digests of the outputs of gpt2asm_*_avx2 on
     deterministic inputs made from integer bits only (splitmix64, no libm, no numpy random streams),
     recorded natively on x86-64 (`python tests/test_kernels_neon.py --fingerprints` prints them).  On Arm
@@ -47,6 +49,7 @@ sys.path.insert(0, str(HERE))
 from arm64_qemu import IS_ARM, first_config  # noqa: E402
 import test_kernels_matvec as mv  # noqa: E402   (matvec models, harness and test functions)
 import test_kernels_ops as ops  # noqa: E402     (elementwise / attention models, harness, test functions)
+import test_kernels_q8 as q8  # noqa: E402       (int8 matvec model, harness and test functions)
 
 IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
 LIB_NAME = "libgpt2asm.dylib" if sys.platform == "darwin" else "libgpt2asm.so"
@@ -57,9 +60,9 @@ F32 = np.float32
 HEAD = 64
 TILE = 64
 P, S = ctypes.c_void_p, ctypes.c_size_t
-NEON_SYMBOLS = ["gpt2asm_matvec_f32_neon", "gpt2asm_matvec_f16_neon", "gpt2asm_layernorm_f32_neon",
-                "gpt2asm_gelu_f32_neon", "gpt2asm_expf_f32_neon", "gpt2asm_softmax_f32_neon",
-                "gpt2asm_attention_f32_neon"]
+NEON_SYMBOLS = ["gpt2asm_matvec_f32_neon", "gpt2asm_matvec_f16_neon", "gpt2asm_matvec_q8_neon",
+                "gpt2asm_layernorm_f32_neon", "gpt2asm_gelu_f32_neon", "gpt2asm_expf_f32_neon",
+                "gpt2asm_softmax_f32_neon", "gpt2asm_attention_f32_neon"]
 
 
 def arm_test(fn):
@@ -74,6 +77,8 @@ def bind(lib: ctypes.CDLL, family: str) -> ctypes.CDLL:
     for dtype in ("f32", "f16"):
         fn = getattr(lib, f"gpt2asm_matvec_{dtype}_{family}")
         fn.argtypes, fn.restype = [P, P, P, P, S, S, S], None
+    fn = getattr(lib, f"gpt2asm_matvec_q8_{family}")
+    fn.argtypes, fn.restype = [P, P, P, P, P, S, S, S], None
     for op, sig in ops.SIGS.items():
         fn = getattr(lib, f"gpt2asm_{op}_f32_{family}")
         fn.argtypes, fn.restype = [S if k == "n" else P for k in sig], None
@@ -132,6 +137,35 @@ class MatvecRunner:
         return yg.get(np.float32)
 
 
+class Q8Runner:
+    """gpt2asm_matvec_q8_neon in the harness of test_kernels_q8.NativeRunner: w 64-byte aligned; scale, x,
+    b, y at rotating misalignments (odd ones too); 4 KiB canaries on each side; inputs unchanged."""
+
+    MISALIGN = (4, 1, 0, 2, 60, 3, 12, 5, 8, 63)
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.fn = lib.gpt2asm_matvec_q8_neon
+        self.name = "gpt2asm_matvec_q8_neon"
+        self._mis = itertools.cycle(self.MISALIGN)
+
+    def __call__(self, wt, scale, x, b, y0, tb, te, *, seed=0):
+        n_in = wt.shape[1]
+        w = mv.Guarded(wt.nbytes, 0, seed).put(wt)
+        sg = mv.Guarded(scale.nbytes, next(self._mis), seed + 1).put(scale)
+        xg = mv.Guarded(x.nbytes, next(self._mis), seed + 2).put(x)
+        bg = mv.Guarded(b.nbytes, next(self._mis), seed + 3).put(b) if b is not None else None
+        yg = mv.Guarded(y0.nbytes, next(self._mis), seed + 4).put(y0)
+        self.fn(w.addr, sg.addr, xg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
+        for g, name in ((w, "w"), (sg, "scale"), (xg, "x"), (bg, "b"), (yg, "y")):
+            if g is not None:
+                g.check(f"{self.name}: {name}")
+        for g, a, name in ((w, wt, "w"), (sg, scale, "scale"), (xg, x, "x"), (bg, b, "b")):
+            if g is not None:
+                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
+                    f"{self.name} wrote to its input {name}"
+        return yg.get(np.float32)
+
+
 @pytest.fixture
 def variant(lib, monkeypatch):
     """The NEON runner for test_kernels_ops' test functions.  Their run() would also compare with native
@@ -144,6 +178,12 @@ def variant(lib, monkeypatch):
 def mvariant(request, lib):
     """(dtype, [runner]), as test_kernels_matvec's `variant` fixture."""
     return request.param, [MatvecRunner(lib, request.param)]
+
+
+@pytest.fixture
+def q8runners(lib):
+    """[the NEON q8 runner], as test_kernels_q8's `runners` fixture."""
+    return [Q8Runner(lib)]
 
 
 @arm_test
@@ -272,6 +312,144 @@ def test_matvec_page_guards(lib):
                     ok &= bool(mv.same_bits(yg.get(np.float32), want).all())
         return ok
     _fork_run(child)
+
+
+# --------------------------------------------------------------------------------------------------
+# matvec_q8 (int8 weights, fp32 scale per output)
+
+@arm_test
+@pytest.mark.parametrize("n_in", [1, 2, 3, 4, 5, 7, 17, 65, 200])
+def test_matvec_q8_sizes(q8runners, n_in):
+    """n_in mod 4 = 0..3 (the block of 4 inputs and its ld1r tail), 1..5 tiles, ranges not starting at 0,
+    with and without bias, the full int8 range -128..127 or the quantiser's -127..127: bit-exact vs the
+    contract model (test_kernels_q8.contract_ref) and within the float64 bound."""
+    rng = np.random.default_rng(3000 + n_in)
+    cases = [(nt, tb, te) for nt in (1, 2, 3, 5) for tb, te in ((0, nt), (nt // 2, nt), (1, nt - 1)) if tb < te]
+    for k, (nt, tb, te) in enumerate(cases):
+        wt, scale, x, b = q8.random_case(rng, n_in, nt, bias=k % 2 == 0, full_range=k % 3 != 0)
+        q8.run_and_check(q8runners, wt, scale, x, b, tb, te, seed=k)
+
+
+@arm_test
+def test_matvec_q8_empty_range(q8runners):
+    q8.test_empty_range(q8runners)
+
+
+@arm_test
+def test_matvec_q8_exact_integers(q8runners):
+    q8.test_exact_integers(q8runners)
+
+
+@arm_test
+def test_matvec_q8_signed_zeros(q8runners):
+    q8.test_signed_zeros(q8runners)
+
+
+@arm_test
+def test_matvec_q8_nan_inf(q8runners):
+    """NaN/inf x reach every output (inf * q=0 = NaN), a NaN/inf scale or bias only its own output,
+    acc = 0 times scale = inf is NaN."""
+    q8.test_nan_inf_propagation(q8runners)
+
+
+@arm_test
+def test_matvec_q8_large_magnitudes(q8runners):
+    q8.test_large_magnitudes(q8runners)
+
+
+@arm_test
+def test_matvec_q8_denormals(q8runners):
+    q8.test_denormals(q8runners)
+
+
+@arm_test
+def test_matvec_q8_quantized_end_to_end(q8runners):
+    q8.test_quantized_end_to_end(q8runners)
+
+
+@arm_test
+def test_matvec_q8_every_int8(lib):
+    """Every int8 value in every one of the 64 lanes (256 tiles of one row, value (t + j) mod 256 at tile
+    t, lane j), widened by sxtl/sxtl2 twice and scvtf: y = fma(q, 2^-3, +0) * 2^5 = 4q exactly.  Then 3
+    rows with x = 1, 256, 65536 (and a 4th with x = 1): y = (q0 + 256 q1 + 65536 q2 [+ q3]) * 2^-16 + b,
+    exact (|y| < 2^8 in steps of 2^-16), so any swapped lane, row or byte half shows."""
+    run = Q8Runner(lib)
+    vals = np.arange(256, dtype=np.uint8).view(np.int8)                   # 0..127, -128..-1
+    idx = (np.arange(256)[:, None] + np.arange(TILE)[None, :]) % 256
+    wt = vals[idx].reshape(256, 1, TILE)
+    y0 = np.full(256 * TILE, mv.Y_FILL, np.uint32).view(F32)
+    y = run(wt, np.full(256 * TILE, 32.0, F32), np.array([0.125], F32), None, y0, 0, 256)
+    assert np.array_equal(y, wt.reshape(-1).astype(F32) * F32(4))
+    rng = np.random.default_rng(12)
+    for n_in, nt, (tb, te) in ((3, 4, (0, 4)), (3, 4, (1, 3)), (4, 2, (0, 2))):
+        wt = rng.integers(-128, 128, (nt, n_in, TILE)).astype(np.int8)
+        wt[0, :, :] = vals[np.arange(n_in * TILE).reshape(n_in, TILE) * 7 % 256]
+        x = (256.0 ** (np.arange(n_in) % 3)).astype(F32)
+        scale = np.full(nt * TILE, 2.0 ** -16, F32)
+        b = (rng.integers(-(1 << 22), 1 << 22, nt * TILE) * 2.0 ** -16).astype(F32)   # |p + b| < 2^8: exact
+        exact = (wt.astype(np.int64) * x.astype(np.int64)[None, :, None]).sum(axis=1).reshape(-1)
+        for bias in (None, b):
+            y0 = np.full(nt * TILE, mv.Y_FILL, np.uint32).view(F32)
+            y = run(wt, scale, x, bias, y0, tb, te)
+            exp = exact * 2.0 ** -16 + (0 if bias is None else bias.astype(np.float64))
+            lo, hi = TILE * tb, TILE * te
+            assert np.array_equal(y[lo:hi].astype(np.float64), exp[lo:hi]), np.flatnonzero(y[lo:hi] != exp[lo:hi])[:8]
+            assert np.all(y.view(np.uint32)[np.r_[0:lo, hi:nt * TILE]] == mv.Y_FILL)
+
+
+@arm_test
+def test_matvec_q8_page_guards(lib):
+    """w (only the tiles of the range), scale, x, b and y butting against PROT_NONE pages on either side."""
+    rng = np.random.default_rng(10)
+    jobs = []
+    for n_in, nt, tb, te in ((1, 3, 1, 3), (2, 2, 0, 2), (3, 2, 1, 2), (7, 4, 2, 3), (65, 2, 0, 2), (5, 5, 0, 5)):
+        wt, scale, x, b = q8.random_case(rng, n_in, nt)
+        jobs.append((wt, scale, x, b, tb, te))
+
+    def child() -> bool:
+        ok = True
+        fn = lib.gpt2asm_matvec_q8_neon
+        for wt, scale, x, b, tb, te in jobs:
+            tile_bytes = wt[0].nbytes
+            for at_end in (True, False):
+                for bias in (b, None):
+                    sub = np.ascontiguousarray(wt[tb:te])
+                    wg = mv.PageFenced(sub.nbytes, at_end).put(sub)
+                    xg = mv.PageFenced(x.nbytes, at_end).put(x)
+                    ss = scale[TILE * tb:TILE * te]
+                    sg = mv.PageFenced(ss.nbytes, at_end).put(ss)
+                    bs = b[TILE * tb:TILE * te]
+                    bg = mv.PageFenced(bs.nbytes, at_end).put(bs)
+                    yg = mv.PageFenced(bs.nbytes, at_end)
+                    # pointers biased back to tile 0 / output 0: only [tb, te) may be touched
+                    fn(wg.addr - tb * tile_bytes, sg.addr - 4 * TILE * tb, xg.addr,
+                       (bg.addr - 4 * TILE * tb) if bias is not None else None, yg.addr - 4 * TILE * tb,
+                       wt.shape[1], tb, te)
+                    want = q8.contract_ref(wt, scale, x, bias, tb, te)
+                    ok &= bool(mv.same_bits(yg.get(np.float32), want).all())
+        return ok
+    _fork_run(child)
+
+
+def test_matvec_q8_sme2_falls_back_to_neon():
+    """The sme2 family has no q8 kernel: build.py's symbol lists resolve it to NEON's, and so does
+    gpt2asm.kernels (FAMILY_FALLBACK) on a CPU with SME2 (run under the sme512 configuration)."""
+    sys.path.insert(0, str(ROOT))
+    import build
+    assert build.kernel_symbol("matvec_q8", "sme2") == "gpt2asm_matvec_q8_neon"
+    assert build.kernel_symbol("matvec_q8", "neon") == "gpt2asm_matvec_q8_neon"
+    assert "gpt2asm_matvec_q8_neon" not in build.bound_symbols("aarch64")      # exported, checked apart
+    if not IS_ARM:
+        return
+    from gpt2asm.kernels import Kernels, available_families
+    if "sme2" not in available_families():
+        pytest.skip("no SME2 kernel family on this CPU")
+    k = Kernels("sme2")
+    try:
+        assert k._symbol("matvec_q8") == "gpt2asm_matvec_q8_neon"
+        assert k._symbol("matvec_f32") == "gpt2asm_matvec_f32_sme2"
+    finally:
+        k.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -548,6 +726,20 @@ def fingerprint_cases():
             for bias in (b, None):
                 yield "matvec_f32", "matvec_f32", (wt, x, bias, np.zeros(nt * TILE, F32), n_in, tb, te), 3
                 yield "matvec_f16", "matvec_f16", (wh, x, bias, np.zeros(nt * TILE, F32), n_in, tb, te), 3
+    # matvec_q8: the full int8 range; scales with 0, inf, NaN and a subnormal; an inf input in one case
+    for i, n_in in enumerate((1, 3, 4, 7, 64, 133)):
+        nt = 3
+        wq = (u32_stream(160 + i, nt * n_in * TILE) >> np.uint32(24)).astype(np.uint8).view(np.int8)
+        wq = wq.reshape(nt, n_in, TILE)
+        sc = rbits(170 + i, nt * TILE, 110, 127)
+        sc[[3, 70, 140, 141]] = [0.0, np.inf, np.nan, 1e-40]
+        x = rbits(180 + i, n_in, 115, 128)
+        if n_in == 64:
+            x[n_in // 2] = -np.inf
+        b = rbits(190 + i, nt * TILE, 110, 128)
+        for tb, te in ((0, 3), (1, 2)):
+            for bias in (b, None):
+                yield "matvec_q8", "matvec_q8", (wq, sc, x, bias, np.zeros(nt * TILE, F32), n_in, tb, te), 4
 
 
 def fingerprints(lib: ctypes.CDLL, family: str) -> dict[str, str]:
@@ -574,6 +766,7 @@ FINGERPRINTS = {
     "attention": "bf7b0d4a091332b95db055b6fcc153f9ab22ba0a6e188209d87f55d7a879f789",
     "matvec_f32": "8a36ca4043ec29bc02b3bbe82824df869dc93389377820e9e65a9d3e85d49adc",
     "matvec_f16": "aeeffa5b46e2cb38ae7be21e76ae0ae8ce20edccc040d4be536f359365a2ef37",
+    "matvec_q8": "284ff52d568516386afdea3841bc6c6aac116887c87e5c693597337a77a7ee26",
 }
 
 

@@ -84,7 +84,7 @@ def cache_path(cdir: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------
 # warm == cold
 
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
 def test_warm_equals_cold_124m(ckpt_124m, tmp_path, dtype):
     t0 = time.perf_counter()
     cold = load_weights(ckpt_124m, dtype)
@@ -114,7 +114,7 @@ def test_warm_equals_cold_layouts_and_dtypes(tmp_path):
     t["lm_head.weight"] = (t["transformer.wte.weight"] * 0.5).astype(np.float32)
     save_file(t, untied / "model.safetensors")
     for d in (hf, f16, untied):
-        for dtype in ("f32", "f16"):
+        for dtype in ("f32", "f16", "q8"):
             cold = load_weights(d, dtype)
             for want in ("built", "warm"):
                 w, info = load(d, dtype, tmp_path / "cache")
@@ -200,12 +200,12 @@ def test_code_change_invalidates(ckpt, cdir, monkeypatch):
 
 
 def test_dtypes_have_their_own_files(ckpt, cdir):
-    for dt in ("f32", "f16"):
+    for dt in ("f32", "f16", "q8"):
         assert load(ckpt, dt, cdir)[1].status == "built"
-    for dt in ("f32", "f16"):
+    for dt in ("f32", "f16", "q8"):
         w, info = load(ckpt, dt, cdir)
         assert info.status == "warm" and w.dtype == dt
-    assert len(list(cdir.glob("*.tiles"))) == 2
+    assert len(list(cdir.glob("*.tiles"))) == 3
 
 
 def test_racy_checkpoint_is_not_cached(ckpt, cdir, monkeypatch):
@@ -494,10 +494,10 @@ def _toy_load(path, dtype):
     layers = []
     for L in w.layers:
         fc, fc_s = q(L.fc_w)
-        layers.append(_QLayer(**{**vars(L), "fc_w": fc}, fc_s=fc_s))
+        layers.append(_QLayer(**{**vars(L), "fc_w": fc, "fc_s": fc_s}))     # (Layer has fc_s now, too)
     head, head_s = q(w.head_w)
     return _QWeights(**{**{f.name: getattr(w, f.name) for f in dataclasses.fields(w)},
-                        "layers": layers, "head_w": head, "dtype": dtype}, head_s=head_s)
+                        "layers": layers, "head_w": head, "dtype": dtype, "head_s": head_s})
 
 
 def _toy_expected(ld, dtype):
@@ -533,3 +533,140 @@ def test_fifo_in_place_of_the_cache_does_not_block(ckpt, cdir):
     w, info = load(ckpt, "f32", cdir)                 # opened non-blocking, refused, replaced by a file
     assert info.status == "built" and "regular" in info.reason, info
     assert p.is_file() and load(ckpt, "f32", cdir)[1].status == "warm"
+
+
+# ---------------------------------------------------------------------------------------------------
+# q8: int8 tiles + per-output float32 scales, cached and mapped like f32 / f16
+
+Q8_SCALES = ("attn_s", "attn_proj_s", "fc_s", "proj_s")
+
+
+def _table(path: Path) -> dict:
+    raw = path.read_bytes()
+    hlen = tc._PREFIX.unpack(raw[:tc._PREFIX.size])[3]
+    return {a["name"]: a for a in json.loads(raw[tc._PREFIX.size:tc._PREFIX.size + hlen])["arrays"]}
+
+
+def test_q8_warm_equals_cold(ckpt, cdir):
+    cold = load_weights(ckpt, "q8")
+    assert cold.dtype == "q8" and cold.head_w.dtype == np.int8 and cold.head_s.dtype == np.float32
+    w, info = load(ckpt, "q8", cdir)
+    assert info.status == "built", info
+    assert_same(w, cold)
+    w, info = load(ckpt, "q8", cdir)
+    assert info.status == "warm", info
+    assert_same(w, cold)                               # int8 tiles and scales: the same bits, mapped
+    for L in w.layers:
+        for name in Q8_SCALES:
+            s = getattr(L, name)
+            assert s.dtype == np.float32 and not s.flags.writeable
+            assert s.shape == (getattr(L, name[:-2] + "_w").shape[0] * 64,)
+        assert L.fc_w.dtype == np.int8 and not L.fc_w.flags.writeable
+    assert not w.head_s.flags.writeable and w.head_s.shape == (w.head_w.shape[0] * 64,)
+    table = _table(cache_path(cdir))
+    want = {f"h.{i}.{n}" for i in range(len(w.layers)) for n in Q8_SCALES} | {"head_s"}
+    assert want <= table.keys() and all(table[n]["dtype"] == "<f4" for n in want)
+    assert all(table[n]["dtype"] == "|i1" for n in table if n.endswith("_w"))
+    assert w.nbytes == cold.nbytes
+
+
+def test_q8_expected_covers_every_stored_array(ckpt):
+    """The layout's expected table is exactly what the cold q8 loader stores: no array is left to the
+    permissive 'extra' rule."""
+    w = load_weights(ckpt, "q8")
+    ld = tc.W._Loader(tc.W.SafetensorsFile(ckpt / "model.safetensors"), ckpt / "config.json")
+    exp = tc.LAYOUTS["q8"].expected(ld, "q8")
+    stored = tc.LAYOUTS["q8"].stored(w)
+    assert stored.keys() == exp.keys()
+    for name, a in stored.items():
+        assert (a.dtype, a.shape) == exp[name], name
+
+
+@pytest.mark.parametrize("change", ["mtime", "rewrite", "in-place", "config", "quantiser"])
+def test_q8_stale_cache_is_never_used(ckpt, cdir, monkeypatch, change):
+    old, _ = load(ckpt, "q8", cdir)
+    old_bytes = old.head_w.tobytes() + old.head_s.tobytes()
+    f = ckpt / "model.safetensors"
+    if change == "mtime":
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    elif change == "rewrite":
+        make_checkpoint(ckpt, seed=9, layout="hub", **SMALL)               # same shapes, other values
+    elif change == "in-place":                                            # scale wte in place, mtime put back
+        st = f.stat()
+        n = struct.unpack("<Q", f.read_bytes()[:8])[0]
+        b, e = json.loads(f.read_bytes()[8:8 + n])["wte.weight"]["data_offsets"]
+        with open(f, "r+b") as fh:
+            fh.seek(8 + n + b)
+            a = np.frombuffer(fh.read(e - b), np.float32) * 2
+            fh.seek(8 + n + b)
+            fh.write(a.tobytes())
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif change == "config":
+        cfg = json.loads((ckpt / "config.json").read_text())
+        cfg["note"] = "changed"
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+    else:                                                  # another quantiser: gpt2asm/quant.py is in the key
+        assert "gpt2asm.quant" in tc.LAYOUTS["q8"].modules
+        mods = ("gpt2asm.tilecache",) + tuple(tc.LAYOUTS["q8"].modules)
+        assert mods in tc._code_hashes
+        monkeypatch.setitem(tc._code_hashes, mods, "0" * 64)
+    w, info = load(ckpt, "q8", cdir)
+    assert info.status == "built" and "stale" in info.reason, info
+    assert_same(w, load_weights(ckpt, "q8"))
+    if change in ("rewrite", "in-place"):
+        assert w.head_w.tobytes() + w.head_s.tobytes() != old_bytes
+    assert load(ckpt, "q8", cdir)[1].status == "warm"
+
+
+def test_q8_quantiser_change_leaves_f32_warm(ckpt, cdir, monkeypatch):
+    load(ckpt, "f32", cdir)
+    load(ckpt, "q8", cdir)
+    mods = ("gpt2asm.tilecache",) + tuple(tc.LAYOUTS["q8"].modules)
+    monkeypatch.setitem(tc._code_hashes, mods, "0" * 64)
+    assert load(ckpt, "f32", cdir)[1].status == "warm"
+    assert load(ckpt, "q8", cdir)[1].status == "built"
+
+
+Q8_CORRUPTIONS = {
+    "scale-dtype": _table_edit(_set("h.0.fc_s", "dtype", "<f2")),
+    "scale-shape": _table_edit(_set("head_s", "shape", lambda a: [a["shape"][0] - 64])),
+    "scale-missing": _table_edit(lambda h: h["arrays"].remove(
+        next(a for a in h["arrays"] if a["name"] == "h.1.proj_s"))),
+    "tile-dtype": _table_edit(_set("h.0.attn_w", "dtype", "<f4")),
+    "scale-out-of-file": _table_edit(_set("head_s", "offset", lambda a: a["offset"] + (1 << 30))),
+    "scale-overlaps-tiles": _table_edit(lambda h: next(a for a in h["arrays"] if a["name"] == "head_s").update(
+        offset=next(a for a in h["arrays"] if a["name"] == "head_w")["offset"])),
+    "data-last-byte": _flip(-1),
+    "truncated": _truncate,
+}
+
+
+@pytest.mark.parametrize("how", sorted(Q8_CORRUPTIONS))
+def test_q8_corrupt_cache_is_rebuilt(ckpt, cdir, how):
+    cold = load_weights(ckpt, "q8")
+    load(ckpt, "q8", cdir)
+    Q8_CORRUPTIONS[how](cache_path(cdir))
+    w, info = load(ckpt, "q8", cdir)
+    assert info.status == "built", info
+    assert_same(w, cold)
+    w, info = load(ckpt, "q8", cdir)
+    assert info.status == "warm", info
+    assert_same(w, cold)
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_q8_scale_corruption_is_caught(ckpt, cdir, monkeypatch, verify):
+    """A flipped byte in the middle of a scale array: the default check samples the first and last 4 KiB
+    of every array (all of a scale array of <= 8 KiB); $GPT2ASM_CACHE_VERIFY=1 checks every byte."""
+    monkeypatch.setattr(tc, "N_CACHE_SAMPLES", 2)       # so that only the per-array samples can see it
+    load(ckpt, "q8", cdir)
+    p = cache_path(cdir)
+    a = _table(p)["h.0.fc_s"]
+    assert a["nbytes"] <= 2 * tc.SAMPLE
+    _flip(a["offset"] + a["nbytes"] // 2 + 2)(p)
+    if verify:
+        monkeypatch.setenv("GPT2ASM_CACHE_VERIFY", "1")
+    w, info = load(ckpt, "q8", cdir)
+    assert info.status == "built" and ("samples" in info.reason or "CRC-32" in info.reason), info
+    assert_same(w, load_weights(ckpt, "q8"))

@@ -14,8 +14,10 @@ from different runs. Columns:
     TTFT 512       seconds from a 512-token prompt to its first generated token
     start-up       seconds to the first forward step (weights, kernels, tokenizer, model; not the imports):
                    cold = no tile cache (weights.load_weights), warm = tiles mapped from the tile cache
-    bound          read bandwidth at -j N (our streaming-read kernel over 1 GiB, the best of the runs at
-                   the start and the end) / bytes of weight matrices per token
+    bound          read bandwidth at -j N (our streaming-read kernel over 1 GiB, measured right before and
+                   right after the row's run, the higher of the two) / bytes of weight matrices per token
+    steps/TTFT     the same 512-token prompt as 512 cached steps, over the TTFT of the batched prefill
+    Python %       share of a decode step spent outside the library (Python, ctypes, sampling)
     llama.cpp      llama-bench -n 128 -p 0 (decode) and -n 0 -p 512 (prefill), same checkpoint as GGUF F32 /
                    F16 / Q8_0 (`make llamacpp` builds it; skipped when absent)
     PyTorch        transformers GPT2LMHeadModel, fp32, torch.set_num_threads(N): generate() 200 tokens, and
@@ -97,6 +99,7 @@ def _build(model: Path, dtype: str, isa, threads: int, cache: str):
     tok = Tokenizer.from_dir(model)
     t3 = time.perf_counter()
     m = GPT2(Transformer(w, k), tok, model)
+    m.model.start_resident()                          # as GPT2.load does (a no-op for cold weights)
     t4 = time.perf_counter()
     return m, t4 - t0, {"how": how, "weights_s": t2 - t1, "tokenizer_s": t3 - t2, "kernels_s": t1 - t0,
                         "model_s": t4 - t3}
@@ -121,9 +124,18 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
     m, load_s, detail = _build(Path(model), dtype, isa, threads, cache)
     w = m.model.w
     mats = [w.head_w] + [a for L in w.layers for a in (L.attn_w, L.attn_proj_w, L.fc_w, L.proj_w)]
-    scales = [getattr(L, n) for L in w.layers for n in vars(L) if "scale" in n and getattr(L, n) is not None]
-    nbytes = sum(a.nbytes for a in mats) + sum(getattr(a, "nbytes", 0) for a in scales)
+    mats += [getattr(w, "head_s", None)] + [getattr(L, n, None) for L in w.layers
+                                           for n in ("attn_s", "attn_proj_s", "fc_s", "proj_s")]
+    nbytes = sum(a.nbytes for a in mats if a is not None)
     out = {"weight_bytes": nbytes, "load_s": load_s, **detail}
+    # decode runs from anonymous memory: wait for the background copy of the mapped tiles (resident.py;
+    # the start-up figures are measured separately, to the first forward step)
+    res = getattr(m.model, "resident", None)
+    if res is not None:
+        t0 = time.perf_counter()
+        res.wait()
+        out["resident_wait_s"] = time.perf_counter() - t0
+        out["resident"] = res.reason or f"copied {res.nbytes / 1e6:.0f} MB"
     # decode: one greedy generation to max(tokens), a timestamp per token
     n = max(tokens)
     ids = m.encode(PROMPT)
@@ -140,6 +152,23 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         else:                                         # the local rate at position t
             a = max(1, g - 64)
             out[f"tok_s_{t}"] = (g - a) / (stamps[g - 1] - stamps[a - 1])
+    # per-token overhead: wall time of a step outside the library's plan_run (Python, ctypes, sampling)
+    k = m.model.k
+    if getattr(k, "plan_run", None) is not None:
+        inner = k.plan_run
+        spent = [0.0]
+
+        def timed(*args, _f=inner, _t=time.perf_counter):
+            t0 = _t()
+            _f(*args)
+            spent[0] += _t() - t0
+        k.plan_run = timed
+        t0 = time.perf_counter()
+        for _ in m.generate_ids(ids, 64, temperature=0):
+            pass
+        total = time.perf_counter() - t0
+        k.plan_run = inner
+        out["overhead_pct"] = 100.0 * (total - spent[0]) / total
     # time to first token for a prompt of prompt_len tokens
     if prompt_len:
         rng = np.random.default_rng(0)
@@ -148,6 +177,15 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         next(iter(m.generate_ids(pids, 1, temperature=0)))
         out["ttft_s"] = time.perf_counter() - t0
         out["prompt_len"] = prompt_len
+        # the same prompt as prompt_len cached steps, and (with a prefill) its logits compared bit for bit
+        st = m.model.new_state()
+        t0 = time.perf_counter()
+        for t in pids:
+            logits = m.model.step(st, t)
+        out["steps_ttft_s"] = time.perf_counter() - t0
+        if hasattr(m.model, "prefill"):
+            pre = m.model.prefill(m.model.new_state(), pids)
+            out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
     m.close()
     return out
 
@@ -316,9 +354,14 @@ def main(argv=None) -> int:
         for dt in dtypes:
             for j in threads:
                 say(f"ours {fam} {dt} -j {j}")
-                runs = [spawn("ours", model=str(d), dtype=dt, isa=fam, threads=j, tokens=tokens,
-                              prompt_len=prompt_len, cache=a.cache) for _ in range(max(1, a.repeat))]
-                rows.append({"isa": fam, "dtype": dt, "threads": j, "runs": runs})
+                runs, near = [], [spawn("readbw", threads=j)]     # the bound measured next to the row
+                for _ in range(max(1, a.repeat)):
+                    runs.append(spawn("ours", model=str(d), dtype=dt, isa=fam, threads=j, tokens=tokens,
+                                      prompt_len=prompt_len, cache=a.cache))
+                    near.append(spawn("readbw", threads=j))
+                bw[j] += near
+                rows.append({"isa": fam, "dtype": dt, "threads": j, "runs": runs,
+                             "gbps": best(near, "gbps")})
 
     torch_res = {}
     if not a.no_torch:
@@ -363,7 +406,8 @@ def main(argv=None) -> int:
     hdr = ["kernels", "dtype", "-j", f"tok/s @{t200}"]
     hdr += [f"tok/s @{t800}", f"@{t800}/@{t200}"] if t800 else []
     hdr += [
-        f"TTFT {prompt_len} s", "start-up cold / warm s (weights only)", "bound tok/s", "ours/bound",
+        f"TTFT {prompt_len} s", f"steps/TTFT", "Python %", "start-up cold / warm s (weights only)",
+        "bound tok/s", "ours/bound",
         "llama.cpp tok/s", "ours/llama.cpp", f"llama.cpp TTFT {prompt_len} s",
         "PyTorch tok/s", "ours/PyTorch", f"PyTorch TTFT {prompt_len} s"]
     table = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
@@ -374,7 +418,8 @@ def main(argv=None) -> int:
         rate8 = best(runs, f"tok_s_{t800}") if t800 else None
         ttft = best(runs, "ttft_s", lower=True)
         nb = best(runs, "weight_bytes")
-        bound = gbps[j] * 1e9 / nb if gbps.get(j) and nb else None
+        row_gbps = r.get("gbps") or gbps.get(j)
+        bound = row_gbps * 1e9 / nb if row_gbps and nb else None
         su = startup.get(dt, {})
         c_run, w_run = (_fastest(su.get(k, [])) for k in ("cold", "warm"))
         cold, warm = c_run.get("seconds"), w_run.get("seconds")
@@ -388,7 +433,9 @@ def main(argv=None) -> int:
         if t800:
             cells += [fmt(rate8), pct(rate8, rate)]
         start = f"{fmt(cold, '.2f')} / {fmt(warm, '.2f')} ({fmt(wcold, '.2f')} / {fmt(wwarm, '.3f')})"
-        cells += [fmt(ttft, ".2f"), start, fmt(bound), pct(rate, bound),
+        steps_s = best(runs, "steps_ttft_s", lower=True)
+        cells += [fmt(ttft, ".2f"), ratio(steps_s, ttft, ".1f"), fmt(best(runs, "overhead_pct", lower=True), ".1f"),
+                  start, fmt(bound), pct(rate, bound),
                   f"{fmt(lt and lt['tok_s'])} ({LLAMA_TYPE.get(dt)})" if lt else "–",
                   ratio(rate, lt and lt["tok_s"]), fmt(r["llama_ttft_s"], ".2f"),
                   fmt(pt.get("tok_s")) if dt == "f32" else f"{fmt(pt.get('tok_s'))} (fp32)",
@@ -401,7 +448,7 @@ def main(argv=None) -> int:
              f"model `{d}`" + (" (random-init)" if _random_init(d) else "") + "; one run of `tools/bench.py`"
              + (" --quick" if a.quick else "") + f", {time.time() - t_start:.0f} s. The machine may be shared: "
              "compare ratios within this table.", "",
-             "read bandwidth (our streaming-read kernel, 1 GiB, start / end of the run): "
+             "read bandwidth (our streaming-read kernel, 1 GiB; every measurement of the run, in order): "
              + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gbps')) for x in bw[j])} GB/s" for j in threads), ""]
     lines += table
     lines += ["", f"- tok/s @{t200}: greedy decode of tokens 2..{t200} after a 9-token prompt"
@@ -410,7 +457,8 @@ def main(argv=None) -> int:
               f"decode weights {'mapped from the tile cache' if a.cache == 'warm' else 'tiled in memory'}.",
               "- start-up: to the first forward step in a fresh process (weights + kernels + tokenizer + model), "
               "cold = weights.load_weights, warm = gpt2asm.tilecache (tiles mapped); best of 2.",
-              "- bound = read bandwidth at -j N / bytes of weight matrices per token ("
+              "- bound = read bandwidth at -j N measured just before and after the row's own run (the higher "
+              "of the two) / bytes of weight matrices per token ("
               + ", ".join(f"{r['dtype']} {r['weight_bytes'] / 1e6:.0f} MB" for r in _uniq(rows)) + ").",
               f"- llama.cpp: {llama_note}; tg128 = `-n 128 -p 0`, TTFT = {prompt_len} / pp{prompt_len} "
               f"(`-n 0 -p {prompt_len}`), same thread count; q8 compares with Q8_0.",
@@ -420,6 +468,18 @@ def main(argv=None) -> int:
                                 f"{prompt_len} tokens.") if torch_res else "skipped (--no-torch)."),
               "- q8: " + ("measured" if "q8" in dtypes else
                           "the engine has no dtype='q8' yet (gpt2asm.engine.DTYPES): skipped")]
+    same = [x.get("prefill_identical") for r in rows for x in r["runs"] if "prefill_identical" in x]
+    lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
+                 "batched prefill; last-token logits of both bit-identical: "
+                 + (("yes, every row" if all(same) else f"NO in {same.count(False)} row(s)") if same else "–"))
+    lines.append("- Python %: share of a decode step's wall time spent outside the library's plan_run "
+                 "(Python, ctypes, sampling), 64 greedy tokens.")
+    waits = [f"{r['dtype']} -j {r['threads']}: {x['resident']} (waited {x['resident_wait_s']:.2f} s)"
+             for r in rows for x in r["runs"][:1] if "resident" in x]
+    if waits:
+        lines.append("- decode weights: the tiles mapped at a warm start are copied into anonymous memory in the "
+                     "background (gpt2asm/resident.py); the decode rows start once that is done: "
+                     + "; ".join(waits))
     for dt, su in startup.items():
         w, c = _fastest(su.get("warm", [])), _fastest(su.get("cold", []))
         lines.append(f"- start-up {dt}: cold {_detail(c)}; warm {_detail(w)}")

@@ -7,15 +7,22 @@
  *     void gpt2asm_worker_{avx2,avx512}(pool_t *ctx, size_t tid);       // returns at shutdown
  *     void gpt2asm_pool_shutdown(pool_t *ctx);
  *
- * A plan is a header (per-step parameters: token, position; per-thread private buffers) followed by
- * job records.  Every participant (the caller as thread 0, and the workers 1 .. n-1 parked in
- * gpt2asm_worker) walks the same job list: it runs the job's prologue (LayerNorm of the residual
- * stream into its private buffer; for the first job of a step also the embedding add), claims work
- * items (tiles of 64 outputs, or heads) from the job's counter (`lock xadd`, or `lock cmpxchg` for guided
- * claims: large contiguous claims first, single items at the end), runs the kernels of
+ * A plan is a header (per-step parameters: token, position; per-run rows of a prefill; per-thread
+ * private buffers) followed by job records.  Every participant (the caller as thread 0, and the
+ * workers 1 .. n-1 parked in gpt2asm_worker) walks the same job list: it runs the job's prologue
+ * (LayerNorm of the residual stream into its private buffer; for the first job of a step also the
+ * embedding add), claims work items (tiles of 64 outputs, heads, rows) from the job's counter
+ * (`lock xadd`, or `lock cmpxchg` for guided claims: large contiguous claims first, single items at
+ * the end), runs the kernels of
  * docs/kernels.md on them (with the job's epilogue: GELU in place, or the residual add x += y), and
  * arrives at the job's barrier.  Each output is computed whole by one thread with the kernels' own
  * operation sequence, so the results do not depend on the thread count or on who claimed what.
+ *
+ * Prefill (a prompt of n_tok tokens at positions pos .. pos+n_tok-1, layer by layer): row jobs whose item
+ * count is J_N * PL_NTOK (FL_ROWS): ROWLN (items = rows: LayerNorm of row t), ROWATTN (items = head x row
+ * pairs: the attention of query row t over pos+t+1 positions), and MATMUL (items = tiles: the matmul
+ * kernels over the PL_NTOK rows, one tile per call, with the GELU / residual epilogues per row; with
+ * FL_KV the k and v tiles of c_attn go straight into the caches at rows pos ..).
  *
  * Waiting: spin on the word with `pause` for ctx.spin_ticks TSC ticks (calling sched_yield between
  * rounds after ctx.yield_ticks), then park with a futex on it (pool_park / pool_wake / pool_yield below
@@ -58,50 +65,64 @@
 #define PL_H_OFF            72      /* u64: offset of the LayerNorm output in a private area        */
 #define PL_E_OFF            80      /* u64: offset of the embedding copy of threads >= 1             */
 #define PL_S_OFF            88      /* u64: offset of the attention scratch                          */
+#define PL_NTOK             96      /* u64: rows of a prefill run (row jobs: items = J_N * PL_NTOK)  */
 #define PL_HEADER           128
 
-/* ---- job record (192 bytes) --------------------------------------------------------------------- */
+/* ---- job record (256 bytes: three read-only cache lines, then the counters' own line) ------------ */
 #define J_KIND              0       /* u32: KIND_*                                                   */
-#define J_FLAGS             4       /* u32: prologue | F16 | epilogue | guided-claim shift << 8      */
-#define J_N                 8       /* u64: work items (tiles, or heads)                             */
+#define J_FLAGS             4       /* u32: prologue | dtype | epilogue | ROWS | KV | claim shift << 8 */
+#define J_N                 8       /* u64: work items (tiles, heads; row jobs: per row)             */
 #define J_CHUNK             16      /* u64: items per claim (guided: the minimum), >= 1              */
 #define J_W                 24      /* u64: tiled weights                                            */
 #define J_B                 32      /* u64: bias or 0                                                */
-#define J_Y                 40      /* u64: output (MATVEC), q / qkv (QKV), q (ATTN)                 */
-#define J_NIN               48      /* u64: matvec inputs (= LayerNorm length)                       */
-#define J_X                 56      /* u64: matvec input, or the LayerNorm source                    */
+#define J_Y                 40      /* u64: output (MATVEC, MATMUL, ROWLN); q / qkv (QKV); q (ATTN,
+                                       ROWATTN)                                                       */
+#define J_NIN               48      /* u64: matvec / matmul inputs (= LayerNorm length)             */
+#define J_X                 56      /* u64: matvec / matmul input, or the LayerNorm source           */
 #define J_G                 64      /* u64: LayerNorm gain                                           */
 #define J_BETA              72      /* u64: LayerNorm bias                                           */
-#define J_A0                80      /* u64: RESID: x;  QKV, ATTN: k cache of the layer                */
-#define J_A1                88      /* u64: QKV, ATTN: v cache of the layer                           */
-#define J_A2                96      /* u64: QKV, ATTN: attention output                              */
-#define J_A3                104     /* u64: QKV, ATTN: head stride (floats)                          */
-#define J_A4                112     /* u64: ATTN: n_pos                                              */
+#define J_A0                80      /* u64: RESID: x;  QKV, ATTN, ROWATTN, MATMUL+KV: k cache         */
+#define J_A1                88      /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: v cache                    */
+#define J_A2                96      /* u64: QKV, ATTN, ROWATTN: attention output                     */
+#define J_A3                104     /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: head stride (floats)      */
+#define J_A4                112     /* u64: ATTN: n_pos;  MATMUL+KV: n_head                          */
 #define J_TILEB             120     /* u64: bytes of one weight tile (n_in * 64 * element size)     */
-#define J_CLAIM             128     /* u64: next unclaimed item (zeroed by plan_run)                */
-#define J_ARRIVE            136     /* u32: threads done with the job (zeroed by plan_run)          */
-#define J_SLEEPERS          140     /* u32: threads parked on J_ARRIVE                               */
-#define J_SIZE              192
+#define J_SCALE             128     /* u64: q8: per-output scales (float [64 n_tiles]), else 0       */
+#define J_LDX               136     /* u64: row jobs: floats between input rows                      */
+#define J_LDY               144     /* u64: row jobs: floats between output rows                     */
+#define J_LDR               152     /* u64: MATMUL+RESID: floats between rows of the residual (A0)   */
+#define J_CLAIM             192     /* u64: next unclaimed item (zeroed by plan_run)                */
+#define J_ARRIVE            200     /* u32: threads done with the job (zeroed by plan_run)          */
+#define J_SLEEPERS          204     /* u32: threads parked on J_ARRIVE                               */
+#define J_SIZE              256
 
 #define KIND_MATVEC         0
 #define KIND_QKV            1
 #define KIND_ATTN           2
+#define KIND_MATMUL         3
+#define KIND_ROWLN          4
+#define KIND_ROWATTN        5
 
 #define PRO_MASK            3
 #define PRO_LN              1       /* LayerNorm(J_X) -> private h; the matvec reads h               */
 #define PRO_EMBED           2       /* with PRO_LN: x = wte[token] + wpe[pos] first (thread 0 into PL_X,
                                        the others into a private copy that their LayerNorm reads)     */
-#define FL_F16              4
+#define FL_F16              4       /* weights: binary16 (F16), int8 + J_SCALE (Q8), else binary32   */
+#define FL_Q8               8
 #define EPI_MASK            0x30
 #define EPI_GELU            0x10    /* y = gelu(y) over the claimed tiles                            */
 #define EPI_RESID           0x20    /* x[o] = x[o] + y[o] over the claimed tiles                     */
+#define FL_ROWS             0x40    /* items = J_N * PL_NTOK (ROWLN, ROWATTN)                         */
+#define FL_KV               0x80    /* MATMUL of c_attn: tiles [H, 3H) into the k / v caches          */
 
 /* ---- calls to the kernels (other objects of this library) --------------------------------------- */
 #ifndef GPT2ASM_MACHO
         .protected gpt2asm_matvec_f32_avx2, gpt2asm_matvec_f16_avx2, gpt2asm_layernorm_f32_avx2
-        .protected gpt2asm_gelu_f32_avx2, gpt2asm_attention_f32_avx2
+        .protected gpt2asm_gelu_f32_avx2, gpt2asm_attention_f32_avx2, gpt2asm_matvec_q8_avx2
+        .protected gpt2asm_matmul_f32_avx2, gpt2asm_matmul_f16_avx2, gpt2asm_matmul_q8_avx2
         .protected gpt2asm_matvec_f32_avx512, gpt2asm_matvec_f16_avx512, gpt2asm_layernorm_f32_avx512
-        .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512
+        .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512, gpt2asm_matvec_q8_avx512
+        .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512, gpt2asm_matmul_q8_avx512
 #endif
 
         .macro  xcall name
@@ -337,16 +358,20 @@ prefetch_kv:
 /* ================================================================================================ */
 /* the executor, once per kernel family                                                             */
 
-/* Frame of plan_jobs (after 6 pushes and sub $72; rsp is 16-byte aligned at every call):
- *     0, 8, 16(%rsp)  stack arguments 7-9 of the kernel being called
- *     24(%rsp)        end of the job range          32(%rsp)  first item of the claim
- *     40(%rsp)        end of the claim              48(%rsp)  current head
+/* Frame of plan_jobs (after 6 pushes and sub $FRAME; rsp is 16-byte aligned at every call):
+ *     0 .. 32(%rsp)   stack arguments 7-11 of the kernel being called
+ *     40(%rsp)        end of the job range          48(%rsp)  first item of the claim
+ *     56(%rsp)        end of the claim              64(%rsp)  current head / tile / row / item
+ *     72(%rsp)        the job's item count          80(%rsp)  row of a MATMUL epilogue
  * Callee-saved registers: r12 ctx, r13 plan, r14 current job, r15 thread id, rbx private area,
  * rbp the job's matvec input (x, or the private LayerNorm output). */
-#define F_END   24
-#define F_T0    32
-#define F_T1    40
-#define F_H     48
+#define F_END   40
+#define F_T0    48
+#define F_T1    56
+#define F_H     64
+#define F_N     72
+#define F_ROW   80
+#define FRAME   88
 
         /* rbp = the job's matvec input, after its prologue (embedding add, LayerNorm) */
         .macro  job_prologue isa, sfx
@@ -395,7 +420,7 @@ prefetch_kv:
         jnz     5f
         movq    J_CHUNK(%r14), %rax
         lock xaddq %rax, J_CLAIM(%r14)
-        movq    J_N(%r14), %rcx
+        movq    F_N(%rsp), %rcx
         cmpq    %rcx, %rax
         jae     \none
         movq    %rax, F_T0(%rsp)
@@ -405,7 +430,7 @@ prefetch_kv:
         movq    %rax, F_T1(%rsp)
         jmp     7f
 5:      movq    J_CLAIM(%r14), %rax             /* expected value */
-6:      movq    J_N(%r14), %rdx
+6:      movq    F_N(%rsp), %rdx
         cmpq    %rdx, %rax
         jae     \none
         subq    %rax, %rdx
@@ -413,8 +438,8 @@ prefetch_kv:
         cmpq    J_CHUNK(%r14), %rdx
         cmovb   J_CHUNK(%r14), %rdx             /* at least J_CHUNK */
         addq    %rax, %rdx
-        cmpq    J_N(%r14), %rdx
-        cmova   J_N(%r14), %rdx                 /* at most to the end */
+        cmpq    F_N(%rsp), %rdx
+        cmova   F_N(%rsp), %rdx                 /* at most to the end */
         lock cmpxchgq %rdx, J_CLAIM(%r14)       /* claim = rdx if still rax, else rax = claim */
         jne     6b
         movq    %rax, F_T0(%rsp)
@@ -439,6 +464,8 @@ prefetch_kv:
         shlq    $8, %rax
         movq    J_B(%r14), %rdx
         addq    %rax, %rdx                      /* b + 64 t */
+        movq    J_SCALE(%r14), %r10
+        addq    %rax, %r10                      /* scale + 64 t (q8) */
         movq    F_H(%rsp), %rcx
         imulq   J_A3(%r14), %rcx
         movq    PL_POS(%r13), %rax
@@ -453,12 +480,65 @@ prefetch_kv:
         movq    J_NIN(%r14), %r8
         xorl    %r9d, %r9d                      /* tiles [0, 1) of the shifted pointers */
         movq    $1, 0(%rsp)
-        testl   $FL_F16, J_FLAGS(%r14)
-        jnz     1f
+        mv_call \isa
+        .endm
+
+        /* the matvec kernel of the job's dtype: (w = rdi, x = rsi, b = rdx, y = rcx, n_in = r8,
+         * tile_begin = r9, tile_end = 0(%rsp)), and for q8 the scales in r10: the arguments move to
+         * gpt2asm_matvec_q8's order (w, scale, x, b, y, n_in, tile_begin, tile_end) */
+        .macro  mv_call isa
+        testl   $(FL_F16|FL_Q8), J_FLAGS(%r14)
+        jnz     .Lmv1\@
         xcall   gpt2asm_matvec_f32_\isa
-        jmp     2f
-1:      xcall   gpt2asm_matvec_f16_\isa
-2:
+        jmp     .Lmv3\@
+.Lmv1\@:
+        testl   $FL_F16, J_FLAGS(%r14)
+        jz      .Lmv2\@
+        xcall   gpt2asm_matvec_f16_\isa
+        jmp     .Lmv3\@
+.Lmv2\@:
+        movq    0(%rsp), %rax
+        movq    %rax, 8(%rsp)                   /* tile_end */
+        movq    %r9, 0(%rsp)                    /* tile_begin */
+        movq    %r8, %r9                        /* n_in */
+        movq    %rcx, %r8                       /* y */
+        movq    %rdx, %rcx                      /* b */
+        movq    %rsi, %rdx                      /* x */
+        movq    %r10, %rsi                      /* scale */
+        xcall   gpt2asm_matvec_q8_\isa
+.Lmv3\@:
+        .endm
+
+        /* the matmul kernel of the job's dtype: (w = rdi, x = rsi, ldx = rdx, b = rcx, y = r8,
+         * ldy = r9, n_tokens, n_in, tile_begin, tile_end = 0, 8, 16, 24(%rsp)), and for q8 the scales
+         * in r10: the arguments move to gpt2asm_matmul_q8's order (w, scale, x, ldx, b, y, ldy, ...) */
+        .macro  mm_call isa
+        testl   $(FL_F16|FL_Q8), J_FLAGS(%r14)
+        jnz     .Lmm1\@
+        xcall   gpt2asm_matmul_f32_\isa
+        jmp     .Lmm3\@
+.Lmm1\@:
+        testl   $FL_F16, J_FLAGS(%r14)
+        jz      .Lmm2\@
+        xcall   gpt2asm_matmul_f16_\isa
+        jmp     .Lmm3\@
+.Lmm2\@:
+        movq    24(%rsp), %rax
+        movq    %rax, 32(%rsp)                  /* tile_end */
+        movq    16(%rsp), %rax
+        movq    %rax, 24(%rsp)                  /* tile_begin */
+        movq    8(%rsp), %rax
+        movq    %rax, 16(%rsp)                  /* n_in */
+        movq    0(%rsp), %rax
+        movq    %rax, 8(%rsp)                   /* n_tokens */
+        movq    %r9, 0(%rsp)                    /* ldy */
+        movq    %r8, %r9                        /* y */
+        movq    %rcx, %r8                       /* b */
+        movq    %rdx, %rcx                      /* ldx */
+        movq    %rsi, %rdx                      /* x */
+        movq    %r10, %rsi                      /* scale */
+        xcall   gpt2asm_matmul_q8_\isa
+.Lmm3\@:
         .endm
 
         .macro  plan_family isa
@@ -471,7 +551,7 @@ plan_jobs_\isa:
         pushq   %r13
         pushq   %r14
         pushq   %r15
-        subq    $72, %rsp
+        subq    $FRAME, %rsp
         movq    %rdi, %r12
         movq    %rsi, %r13
         movq    %rdx, %r14
@@ -484,6 +564,11 @@ plan_jobs_\isa:
         jae     .Lret_\isa
 
 .Ljob_\isa:
+        movq    J_N(%r14), %rax
+        testl   $FL_ROWS, J_FLAGS(%r14)
+        jz      1f
+        imulq   PL_NTOK(%r13), %rax             /* a row job: J_N items per row */
+1:      movq    %rax, F_N(%rsp)
         movl    J_KIND(%r14), %eax
         cmpl    $KIND_MATVEC, %eax
         je      .Lmatvec_\isa
@@ -491,6 +576,12 @@ plan_jobs_\isa:
         je      .Lqkv_\isa
         cmpl    $KIND_ATTN, %eax
         je      .Lattn_\isa
+        cmpl    $KIND_MATMUL, %eax
+        je      .Lmatmul_\isa
+        cmpl    $KIND_ROWLN, %eax
+        je      .Lrowln_\isa
+        cmpl    $KIND_ROWATTN, %eax
+        je      .Lrowattn_\isa
         jmp     .Lbarrier_\isa                  /* (Python builds no other kind) */
 
         /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them */
@@ -506,12 +597,9 @@ plan_jobs_\isa:
         movq    F_T0(%rsp), %r9
         movq    F_T1(%rsp), %rax
         movq    %rax, 0(%rsp)
-        testl   $FL_F16, J_FLAGS(%r14)
-        jnz     1f
-        xcall   gpt2asm_matvec_f32_\isa
-        jmp     2f
-1:      xcall   gpt2asm_matvec_f16_\isa
-2:      movl    J_FLAGS(%r14), %eax
+        movq    J_SCALE(%r14), %r10
+        mv_call \isa
+        movl    J_FLAGS(%r14), %eax
         andl    $EPI_MASK, %eax
         jz      .Lmv_claim_\isa
         movq    F_T0(%rsp), %rsi
@@ -553,12 +641,9 @@ plan_jobs_\isa:
         movq    F_T0(%rsp), %r9
         movq    F_T1(%rsp), %rax
         movq    %rax, 0(%rsp)
-        testl   $FL_F16, J_FLAGS(%r14)
-        jnz     1f
-        xcall   gpt2asm_matvec_f32_\isa         /* q tiles h0 .. h1-1 into y + 64 h */
-        jmp     2f
-1:      xcall   gpt2asm_matvec_f16_\isa
-2:      movq    F_T0(%rsp), %rax
+        movq    J_SCALE(%r14), %r10
+        mv_call \isa                            /* q tiles h0 .. h1-1 into y + 64 h */
+        movq    F_T0(%rsp), %rax
         movq    %rax, F_H(%rsp)
 .Lqkv_k_\isa:
         qkv_tile \isa, 1
@@ -624,6 +709,161 @@ plan_jobs_\isa:
         xcall   gpt2asm_attention_f32_\isa
         jmp     .Lattn_\isa
 
+        /* ---- MATMUL (prefill; items = tiles): for each claimed tile tau, the matmul kernel of the
+         * dtype over the PL_NTOK rows of x (J_LDX floats apart) into y (J_LDY apart), as tiles [0, 1)
+         * of the pointers shifted to tau (w + tau tile_bytes, b / scale / y + 64 tau); with FL_KV the
+         * tiles [H, 2H) and [2H, 3H) (H = J_A4) go to the k / v cache rows pos .. (rows 64 floats apart);
+         * then the epilogue on the tile's 64 outputs of every row: GELU in place, or RESID
+         * r[t ldr + o] = r[t ldr + o] + y[t ldy + o]. */
+.Lmatmul_\isa:
+        claim   .Lbarrier_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lmm_tile_\isa:
+        movq    F_H(%rsp), %rax                 /* tau */
+        movq    %rax, %rdi
+        imulq   J_TILEB(%r14), %rdi
+        addq    J_W(%r14), %rdi                 /* the tile's weights */
+        shlq    $8, %rax                        /* 64 tau outputs, in bytes */
+        movq    J_SCALE(%r14), %r10
+        addq    %rax, %r10                      /* scale + 64 tau (q8) */
+        movq    J_B(%r14), %rcx
+        testq   %rcx, %rcx
+        jz      1f
+        addq    %rax, %rcx                      /* b + 64 tau */
+1:      movq    J_Y(%r14), %r8
+        addq    %rax, %r8                       /* y + 64 tau */
+        movq    J_LDY(%r14), %r9
+        testl   $FL_KV, J_FLAGS(%r14)
+        jz      3f
+        movq    F_H(%rsp), %rax
+        subq    J_A4(%r14), %rax                /* tau - H */
+        jb      3f                              /* a q tile */
+        movq    J_A0(%r14), %r8                 /* a k tile: head tau - H */
+        cmpq    J_A4(%r14), %rax
+        jb      2f
+        subq    J_A4(%r14), %rax                /* a v tile: head tau - 2H */
+        movq    J_A1(%r14), %r8
+2:      imulq   J_A3(%r14), %rax                /* h * head_stride */
+        movq    PL_POS(%r13), %r9
+        shlq    $6, %r9
+        addq    %r9, %rax
+        leaq    (%r8,%rax,4), %r8               /* cache [h][pos] */
+        movl    $64, %r9d                       /* rows of 64 floats */
+3:      movq    J_X(%r14), %rsi
+        movq    J_LDX(%r14), %rdx
+        movq    PL_NTOK(%r13), %rax
+        movq    %rax, 0(%rsp)                   /* n_tokens */
+        movq    J_NIN(%r14), %rax
+        movq    %rax, 8(%rsp)                   /* n_in */
+        movq    $0, 16(%rsp)                    /* tiles [0, 1) of the shifted pointers */
+        movq    $1, 24(%rsp)
+        mm_call \isa
+        movl    J_FLAGS(%r14), %eax
+        andl    $EPI_MASK, %eax
+        jz      .Lmm_next_\isa
+        movq    $0, F_ROW(%rsp)
+.Lmm_epi_\isa:                                  /* the tile's 64 outputs of row F_ROW */
+        movq    F_ROW(%rsp), %rax
+        cmpq    PL_NTOK(%r13), %rax
+        jae     .Lmm_next_\isa
+        addq    $1, F_ROW(%rsp)
+        movq    F_H(%rsp), %rsi
+        shlq    $8, %rsi                        /* 64 tau, in bytes */
+        movq    %rax, %rdx
+        imulq   J_LDY(%r14), %rdx
+        leaq    (%rsi,%rdx,4), %rdx
+        addq    J_Y(%r14), %rdx                 /* &y[row][64 tau] */
+        testl   $EPI_GELU, J_FLAGS(%r14)
+        jz      4f
+        movq    %rdx, %rdi
+        movq    %rdx, %rsi
+        movl    $64, %edx
+        xcall   gpt2asm_gelu_f32_\isa           /* y = gelu(y), in place */
+        jmp     .Lmm_epi_\isa
+4:      imulq   J_LDR(%r14), %rax
+        leaq    (%rsi,%rax,4), %rdi
+        addq    J_A0(%r14), %rdi                /* &r[row][64 tau] */
+        movq    %rdi, %rsi
+        movl    $64, %ecx
+        call    vadd_\isa                       /* r = r + y */
+        jmp     .Lmm_epi_\isa
+.Lmm_next_\isa:
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lmm_tile_\isa
+        jmp     .Lmatmul_\isa
+
+        /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
+.Lrowln_\isa:
+        claim   .Lbarrier_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lrowln_row_\isa:
+        movq    F_H(%rsp), %rax
+        movq    %rax, %rdi
+        imulq   J_LDX(%r14), %rdi
+        shlq    $2, %rdi
+        addq    J_X(%r14), %rdi                 /* x row t */
+        movq    %rax, %rcx
+        imulq   J_LDY(%r14), %rcx
+        shlq    $2, %rcx
+        addq    J_Y(%r14), %rcx                 /* y row t */
+        movq    J_G(%r14), %rsi
+        movq    J_BETA(%r14), %rdx
+        movq    J_NIN(%r14), %r8
+        xcall   gpt2asm_layernorm_f32_\isa
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lrowln_row_\isa
+        jmp     .Lrowln_\isa
+
+        /* ---- ROWATTN (items i < H * PL_NTOK): head h = i / PL_NTOK, row t = PL_NTOK - 1 - i % PL_NTOK
+         * (each head's longest rows first, one head's cache rows reused by consecutive items):
+         * attention of head h of query row t (J_Y + t ldx) over positions 0 .. pos + t into out row t
+         * (J_A2 + t ldy) */
+.Lrowattn_\isa:
+        claim   .Lbarrier_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lra_item_\isa:
+        movq    F_H(%rsp), %rax
+        xorl    %edx, %edx
+        divq    PL_NTOK(%r13)                   /* rax = h, rdx = i mod n_tok */
+        movq    PL_NTOK(%r13), %r11
+        subq    %rdx, %r11
+        decq    %r11                            /* t */
+        movq    %rax, 8(%rsp)                   /* head_begin */
+        incq    %rax
+        movq    %rax, 16(%rsp)                  /* head_end */
+        movq    J_A3(%r14), %rax
+        movq    %rax, 0(%rsp)                   /* head_stride */
+        movq    %r11, %rdi
+        imulq   J_LDX(%r14), %rdi
+        shlq    $2, %rdi
+        addq    J_Y(%r14), %rdi                 /* q row t */
+        movq    %r11, %rcx
+        imulq   J_LDY(%r14), %rcx
+        shlq    $2, %rcx
+        addq    J_A2(%r14), %rcx                /* out row t */
+        movq    J_A0(%r14), %rsi                /* k */
+        movq    J_A1(%r14), %rdx                /* v */
+        movq    %rbx, %r8
+        addq    PL_S_OFF(%r13), %r8             /* scratch */
+        movq    PL_POS(%r13), %r9
+        leaq    1(%r9,%r11), %r9                /* n_pos = pos + t + 1 */
+        xcall   gpt2asm_attention_f32_\isa
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lra_item_\isa
+        jmp     .Lrowattn_\isa
+
         /* ---- barrier: every job's outputs are complete before the next job starts */
 .Lbarrier_\isa:
         movl    CTX_NTHREADS(%r12), %ecx
@@ -649,7 +889,7 @@ plan_jobs_\isa:
         cmpq    F_END(%rsp), %r14
         jb      .Ljob_\isa
 .Lret_\isa:
-        addq    $72, %rsp
+        addq    $FRAME, %rsp
         popq    %r15
         popq    %r14
         popq    %r13

@@ -1,0 +1,129 @@
+"""Weights mapped from a file, copied into anonymous memory in the background.
+
+A warm start maps the tiled matrices from the tile cache (tilecache.py): the first forward step runs
+within a fraction of a second.  But on the machines we measure (Linux guests), streaming reads from a
+file mapping run at ~0.75x the rate of anonymous memory (`gpt2asm_readbw_f32_avx2` over the same 650 MB:
+21-22 GB/s mapped from the page cache, 27-30 GB/s copied into anonymous memory), and decode speed is
+that read rate.  Faulting in ~0.5 GB of fresh anonymous memory costs ~0.4-0.7 s there, too long for the
+start-up, so the copy runs on a background thread while decoding proceeds from the mapping, and the
+model adopts the copies between two steps (Transformer.step calls `poll`):
+
+    r = Resident(weights)          # starts the copy (nothing to do if no matrix is file-mapped)
+    ...
+    r.poll()                       # non-blocking: True once, when the copies replace the mapped arrays
+    r.wait()                       # block until done (benchmarks that measure the steady state)
+
+The copies are the same bytes (np.copyto of the very arrays in use), so the logits do not change; the
+arrays are replaced only between steps, and plans built over the old arrays are rebuilt by their owner.
+The copy is skipped when the machine lacks the memory for it (MemAvailable < 2x the bytes + 1 GiB) or
+with $GPT2ASM_RESIDENT=0.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from .weights import aligned_empty
+
+CHUNK = 16 << 20            # bytes per np.copyto (the GIL is released inside each)
+OFF = ("0", "off", "no", "false")
+
+
+def is_mapped(a: np.ndarray) -> bool:
+    """Whether a's memory belongs to an mmap object (a file mapping)."""
+    b = a
+    while isinstance(b, np.ndarray):
+        b = b.base
+    if isinstance(b, memoryview):                  # np.frombuffer(mmap)
+        b = b.obj
+    return isinstance(b, mmap.mmap)
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _slots(w) -> list[tuple[object, str]]:
+    """(owner, attribute) of every tiled matrix and scale vector of a Weights object."""
+    names = ("attn_w", "attn_proj_w", "fc_w", "proj_w", "attn_s", "attn_proj_s", "fc_s", "proj_s")
+    out = [(L, n) for L in w.layers for n in names]
+    return out + [(w, "head_w"), (w, "head_s")]
+
+
+def _copy(src: np.ndarray) -> np.ndarray:
+    dst = aligned_empty(src.shape, src.dtype)
+    s, d = src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8)
+    for i in range(0, s.size, CHUNK):
+        np.copyto(d[i:i + CHUNK], s[i:i + CHUNK])
+    dst.flags.writeable = False
+    return dst
+
+
+class Resident:
+    def __init__(self, weights, start: bool = True):
+        self.w = weights
+        self.todo = [(o, n) for o, n in _slots(weights)
+                     if isinstance(getattr(o, n, None), np.ndarray) and is_mapped(getattr(o, n))]
+        self.nbytes = sum(getattr(o, n).nbytes for o, n in self.todo)
+        self.copies: list[np.ndarray] | None = None
+        self.error: BaseException | None = None
+        self.adopted = False
+        self._done = threading.Event()
+        self.reason = self._skip_reason()
+        if self.reason:
+            self.todo = []
+        if not self.todo:
+            self._done.set()
+            self.adopted = True
+            return
+        self._thread = threading.Thread(target=self._run, daemon=True, name="gpt2asm-resident")
+        if start:
+            self._thread.start()
+
+    def _skip_reason(self) -> str:
+        if not self.todo:
+            return "no file-mapped matrices"
+        if os.environ.get("GPT2ASM_RESIDENT", "").strip().lower() in OFF:
+            return "$GPT2ASM_RESIDENT=0"
+        avail = _mem_available()
+        if avail is not None and avail < 2 * self.nbytes + (1 << 30):
+            return f"not enough free memory ({avail >> 20} MiB available)"
+        return ""
+
+    def _run(self) -> None:
+        try:
+            self.copies = [_copy(getattr(o, n)) for o, n in self.todo]
+        except BaseException as e:            # e.g. MemoryError: keep running from the mapping
+            self.error = e
+        finally:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def poll(self) -> bool:
+        """Adopt the copies if they are ready (call only between steps). True if this call adopted them."""
+        if self.adopted or not self._done.is_set():
+            return False
+        self.adopted = True
+        if self.copies is None:
+            return False
+        for (o, n), c in zip(self.todo, self.copies):
+            setattr(o, n, c)
+        self.copies = None
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the copy finished (or timeout); then the next poll() adopts it."""
+        return self._done.wait(timeout)

@@ -1,0 +1,238 @@
+"""Batched prefill (Transformer.prefill, the plan's MATMUL / ROWLN / ROWATTN jobs, docs/kernels.md).
+
+Contract: prefill(state, tokens) gives the logits of the last token and the KV cache of cached steps
+bit for bit -- for f32, f16 and q8 weights, every thread count, prompts of any length (chunks of
+PREFILL_ROWS rows, a last chunk of one row), from an empty or a filled cache (and step() continues
+from it identically), natively and on the emulated AVX-512 CPU; the row jobs refuse what does not fit
+before any address reaches assembly; bad token lists raise typed errors and leave the state unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpt2asm import ContextOverflowError, InvalidArgumentError
+from gpt2asm.kernels import Kernels
+from gpt2asm.model import PREFILL_ROWS, Transformer
+from gpt2asm.quant import quantize_q8
+from gpt2asm.weights import load_weights, pad_vector, tile_matrix
+
+from test_plan import EmulatedAvx512, bits, emulator, q8_weights
+
+LENGTHS = [1, 2, 5, 7, 64, 130]
+
+
+def prompt(n: int, seed: int = 0, vocab: int = 50257) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
+
+
+def cached_steps(model: Transformer, ids: list[int], st=None):
+    """(logits after each token, state) of one step() per token."""
+    st = model.new_state() if st is None else st
+    return np.stack([model.step(st, t).copy() for t in ids]), st
+
+
+def same_cache(a, b, n: int) -> bool:
+    return (np.array_equal(bits(a.k[:, :, :n]), bits(b.k[:, :, :n]))
+            and np.array_equal(bits(a.v[:, :, :n]), bits(b.v[:, :, :n])))
+
+
+@pytest.fixture(scope="module", params=["f32", "f16", "q8"])
+def tiny(request, ckpt_tiny):
+    """Weights of one dtype and the cached-step reference (-j 1) for every prompt length."""
+    w = q8_weights(load_weights(ckpt_tiny, "f32")) if request.param == "q8" else load_weights(ckpt_tiny, request.param)
+    k = Kernels("avx2")
+    model = Transformer(w, k)
+    ref = {n: cached_steps(model, prompt(n, seed=n)) for n in LENGTHS}
+    yield request.param, w, ref
+    k.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_prefill_equals_cached_steps(tiny, families, threads):
+    dtype, w, ref = tiny
+    for fam in families:
+        k = Kernels(fam, threads)
+        model = Transformer(w, k)
+        for n in LENGTHS:
+            want, want_st = ref[n]
+            st = model.new_state()
+            got = model.prefill(st, prompt(n, seed=n))
+            assert st.n == n
+            assert np.array_equal(bits(got), bits(want[-1])), f"{dtype} {fam} -j {threads} T={n}: logits"
+            assert same_cache(st, want_st, n), f"{dtype} {fam} -j {threads} T={n}: KV cache"
+        k.close()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8"])
+def test_prefill_after_steps_then_steps(ckpt_tiny, families, dtype):
+    """Prefill from a filled cache (pos0 > 0), across a chunk boundary and with a last chunk of one row;
+    step() then continues exactly as after cached steps."""
+    w = load_weights(ckpt_tiny, "f32")
+    w = q8_weights(w) if dtype == "q8" else w
+    head, body, tail = prompt(3, 1), prompt(PREFILL_ROWS + 1, 2), prompt(4, 3)
+    k1 = Kernels(families[0])
+    want, want_st = cached_steps(Transformer(w, k1), head + body + tail)
+    k1.close()
+    for threads in (1, 2):
+        k = Kernels(families[-1], threads)
+        model = Transformer(w, k)
+        st = model.new_state()
+        model.prefill(st, head)
+        got = model.prefill(st, body)
+        assert st.n == len(head + body)
+        assert np.array_equal(bits(got), bits(want[len(head + body) - 1]))
+        after = np.stack([model.step(st, t).copy() for t in tail])
+        assert np.array_equal(bits(after), bits(want[-len(tail):])), f"{dtype} -j {threads}: steps after prefill"
+        assert same_cache(st, want_st, len(want))
+        k.close()
+
+
+def test_prefill_to_the_end_of_the_context(ckpt_tiny, families):
+    """The last positions of the context (n_ctx - 3 .. n_ctx - 1) from an arbitrary (zero) cache."""
+    w = load_weights(ckpt_tiny, "f16")
+    k = Kernels(families[0], 2)
+    model = Transformer(w, k)
+    n_ctx, ids = w.config.n_ctx, prompt(3, 4)
+    a, b = model.new_state(), model.new_state()
+    a.n = b.n = n_ctx - 3
+    want, _ = cached_steps(model, ids, a)
+    assert np.array_equal(bits(model.prefill(b, ids)), bits(want[-1]))
+    assert b.n == n_ctx and same_cache(a, b, n_ctx)
+    with pytest.raises(ContextOverflowError):
+        model.prefill(b, ids[:1])
+    k.close()
+
+
+def test_prefill_124m(ckpt_124m, families):
+    """The real widths (768 / 3072 inputs, 12 heads, the 786-tile head) at -j 1 and 2, fp32, T = 40."""
+    w = load_weights(ckpt_124m, "f32")
+    ids = prompt(40, 5)
+    k1 = Kernels(families[0])
+    want, want_st = cached_steps(Transformer(w, k1), ids)
+    k1.close()
+    for fam in families:
+        for threads in (1, 2):
+            k = Kernels(fam, threads)
+            st = Transformer(w, k).new_state()
+            got = Transformer(w, k).prefill(st, ids)
+            k.close()
+            assert np.array_equal(bits(got), bits(want[-1])), f"{fam} -j {threads}"
+            assert same_cache(st, want_st, len(ids)), f"{fam} -j {threads}: KV cache"
+
+
+def test_prefill_without_matmul_falls_back_to_steps(ckpt_tiny, families):
+    """A family without the batched kernels (or without a plan executor: Arm) prefills by cached steps."""
+    w = load_weights(ckpt_tiny, "f32")
+    k = Kernels(families[0])
+    model = Transformer(w, k)
+    ids = prompt(6, 6)
+    want, want_st = cached_steps(model, ids)
+    k.has_matmul = False
+    st = model.new_state()
+    assert np.array_equal(bits(model.prefill(st, ids)), bits(want[-1]))
+    assert st.prefill_plan is None and same_cache(st, want_st, 6)
+    k.close()
+
+
+def test_prefill_errors_are_typed_and_change_nothing(ckpt_tiny, families):
+    w = load_weights(ckpt_tiny, "f32")
+    k = Kernels(families[0])
+    model = Transformer(w, k)
+    st = model.new_state()
+    model.prefill(st, [1, 2, 3])
+    k_before = st.k.copy()
+    V, n_ctx = w.config.vocab_size, w.config.n_ctx
+    for bad in ([], [1, V], [-1], [1, 2.0], [True], "abc", 7, None, [1, None]):
+        with pytest.raises(InvalidArgumentError):
+            model.prefill(st, bad)
+    with pytest.raises(ContextOverflowError) as e:
+        model.prefill(st, [0] * (n_ctx - 2))
+    assert e.value.needed == n_ctx + 1 and e.value.available == n_ctx
+    assert st.n == 3 and np.array_equal(st.k, k_before)
+    model.prefill(st, np.array([4, 5], np.int64))                     # numpy ids are fine
+    assert st.n == 5
+    k.close()
+
+
+def test_row_job_validation(families):
+    k = Kernels(families[0], 2)
+    R, C = 8, 128
+    W = tile_matrix(np.ones((C, 3 * C), np.float32))                   # c_attn of 2 heads: 6 tiles
+    x, y = np.zeros((R, C), np.float32), np.zeros((R, 3 * C), np.float32)
+    kc = np.zeros((2, 16, 64), np.float32)
+    vc = kc.copy()
+    q8, s8 = quantize_q8(np.ones((C, 64), np.float32))
+    bad = [
+        lambda p: p.matmul(W, x[:, :100].copy(), None, y),                       # rows narrower than n_in
+        lambda p: p.matmul(W, x, None, y[:, :300].copy()),                       # outputs don't fit
+        lambda p: p.matmul(W, x.ravel(), None, y),                               # not rows
+        lambda p: p.matmul(W, x, np.zeros(100, np.float32), y),                  # bias size
+        lambda p: p.matmul(W, y[:, :C], None, y),                                # y overlaps x
+        lambda p: p.matmul(W, x, None, y, gelu=True, resid=np.zeros((R, 3 * C), np.float32)),
+        lambda p: p.matmul(W, x, None, y, resid=np.zeros((R, 100), np.float32)),
+        lambda p: p.matmul(tile_matrix(np.ones((C, C), np.float32)), x, None, y[:, :C], resid=x),  # resid = x
+        lambda p: p.matmul(W, x, None, y, kv=(kc[:1].copy(), vc[:1].copy())),   # tiles != 3H
+        lambda p: p.matmul(W, x, None, y, kv=(kc, vc), gelu=True),               # kv takes no epilogue
+        lambda p: p.matmul(W, x, None, y, kv=(kc, vc[:, :8].copy())),            # v != k
+        lambda p: p.matmul(q8, x, None, y),                                      # int8 without scale
+        lambda p: p.matmul(q8, x, None, y, scale=s8[:32].copy()),
+        lambda p: p.rows_layernorm(x, np.ones(C, np.float32), np.zeros(C - 1, np.float32), x.copy()),
+        lambda p: p.rows_layernorm(x, np.ones(C, np.float32), np.zeros(C, np.float32), y[:, :64].copy()),
+        lambda p: p.rows_attention(x, kc, vc, x),                                # out overlaps q
+        lambda p: p.rows_attention(x[:, :64].copy(), kc, vc, y),                 # q rows narrower than 64H
+    ]
+    for i, fn in enumerate(bad):
+        with pytest.raises(InvalidArgumentError):
+            fn(k.new_plan())
+    p = k.new_plan()
+    p.matmul(W, x, None, y[:, :C], kv=(kc, vc))                                  # q into y, k/v into caches
+    p.rows_attention(y[:, :C], kc, vc, np.zeros((R - 2, C), np.float32))        # R - 2 rows at most
+    with pytest.raises(InvalidArgumentError):
+        p.set_rows(1, 0)                                                         # not built
+    p.build()
+    for n, pos in ((0, 0), (R - 1, 0), (2, 15), (1, -1), (1.0, 0), (True, 0)):
+        with pytest.raises(InvalidArgumentError):
+            p.set_rows(n, pos)                                                  # rows and positions
+    p.set_rows(R - 2, 16 - (R - 2))
+    k.run_plan(p)
+    assert np.all(kc[:, 16 - (R - 2):] == 0) and np.all(vc == 0)                # zero inputs: zero rows
+    step = k.new_plan()
+    step.matvec(W, x[0], None, y[0])
+    with pytest.raises(InvalidArgumentError):
+        step.build().set_rows(1, 0)                                              # no row jobs
+    k.close()
+
+
+def test_checked_matmul_equals_matvec_rows(families):
+    rng = np.random.default_rng(8)
+    W = rng.standard_normal((96, 64 * 6 + 5)).astype(np.float32)
+    X = rng.standard_normal((11, 96)).astype(np.float32)
+    b = pad_vector(rng.standard_normal(64 * 6 + 5).astype(np.float32))
+    q, sc = quantize_q8(W)
+    for fam in families:
+        for threads in (1, 3):
+            k = Kernels(fam, threads)
+            for w, s in ((tile_matrix(W), None), (tile_matrix(W, np.float16), None), (q, sc)):
+                Y = k.matmul(w, X, b, scale=s)
+                rows = np.stack([k.matvec(w, X[t].copy(), b, scale=s) for t in range(len(X))])
+                assert np.array_equal(bits(Y), bits(rows)), (fam, threads, w.dtype)
+            k.close()
+
+
+def test_prefill_on_the_emulated_avx512_plan(ckpt_tiny):
+    """The prefill plan through gpt2asm_plan_run_avx512 (matmul_avx512 kernels) on the emulated CPU:
+    the native cached steps' logits and cache, fp32 and q8, 5 tokens after 2."""
+    w32 = load_weights(ckpt_tiny, "f32")
+    ids = prompt(7, 9)
+    with emulator() as emu:
+        for w in (w32, q8_weights(w32)):
+            native = Kernels("avx2")
+            want, want_st = cached_steps(Transformer(w, native), ids)
+            native.close()
+            model = Transformer(w, EmulatedAvx512(emu))
+            st = model.new_state()
+            model.prefill(st, ids[:2])
+            got = model.prefill(st, ids[2:])
+            assert np.array_equal(bits(got), bits(want[-1])), f"{w.dtype}: emulated prefill logits"
+            assert same_cache(st, want_st, len(ids)), f"{w.dtype}: emulated prefill cache"

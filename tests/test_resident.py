@@ -1,0 +1,102 @@
+"""gpt2asm/resident.py: file-mapped tiles (a warm tile cache) copied into anonymous memory in the background
+and adopted between steps.  The copies are the same bytes, so the logits never change; plans built over
+the mapped arrays are rebuilt; nothing is copied when disabled or when nothing is mapped."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpt2asm import tilecache
+from gpt2asm.kernels import Kernels
+from gpt2asm.model import Transformer
+from gpt2asm.resident import Resident, is_mapped
+from gpt2asm.weights import load_weights
+
+MATS = ("attn_w", "attn_proj_w", "fc_w", "proj_w")
+
+
+def mats(w):
+    return [getattr(L, n) for L in w.layers for n in MATS] + [w.head_w]
+
+
+def warm(ckpt, cdir, dtype):
+    tilecache.load_weights_cached(ckpt, dtype, cache_dir=cdir)           # builds the cache
+    w, info = tilecache.load_weights_info(ckpt, dtype, cache_dir=cdir)
+    assert info.status == "warm"
+    return w
+
+
+def run(model, ids):
+    s = model.new_state()
+    return np.stack([model.step(s, t).copy() for t in ids]), s
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_adopted_copies_give_the_same_logits(ckpt_tiny, tmp_path, dtype, threads, monkeypatch):
+    monkeypatch.delenv("GPT2ASM_RESIDENT", raising=False)
+    ids = [50256, 464, 3290, 318, 257, 1332, 286, 262]
+    k = Kernels(None, threads)
+    try:
+        ref, _ = run(Transformer(load_weights(ckpt_tiny, dtype), k), ids)
+        w = warm(ckpt_tiny, tmp_path, dtype)
+        assert all(is_mapped(a) for a in mats(w))
+        m = Transformer(w, k)
+        s = m.new_state()
+        out = [m.step(s, ids[0]).copy()]                    # a plan over the mapped arrays
+        old_plan = s.plan
+        m.start_resident()
+        assert m.resident.reason == "" and m.resident.nbytes > 0
+        m.resident.wait(60)
+        out += [m.step(s, t).copy() for t in ids[1:]]       # adopted at the next step
+        assert m.resident.adopted and not any(is_mapped(a) for a in mats(w))
+        assert s.plan is not old_plan                       # rebuilt over the copies
+        assert np.array_equal(np.stack(out).view(np.uint32), ref.view(np.uint32))
+        for a in mats(w):
+            assert a.ctypes.data % 64 == 0 and not a.flags.writeable
+        pre = m.prefill(m.new_state(), ids)                 # and the batched prefill over the copies
+        assert np.array_equal(pre.view(np.uint32), ref[-1].view(np.uint32))
+    finally:
+        k.close()
+
+
+def test_disabled_or_nothing_mapped(ckpt_tiny, tmp_path, monkeypatch):
+    w = warm(ckpt_tiny, tmp_path, "f32")
+    monkeypatch.setenv("GPT2ASM_RESIDENT", "0")
+    r = Resident(w)
+    assert r.reason == "$GPT2ASM_RESIDENT=0" and r.done and not r.poll()
+    assert all(is_mapped(a) for a in mats(w))
+    monkeypatch.delenv("GPT2ASM_RESIDENT")
+    r = Resident(load_weights(ckpt_tiny, "f32"))            # cold weights: already anonymous memory
+    assert r.reason == "no file-mapped matrices" and r.nbytes == 0 and not r.poll()
+
+
+def test_not_enough_memory_keeps_the_mapping(ckpt_tiny, tmp_path, monkeypatch):
+    import gpt2asm.resident as R
+    monkeypatch.delenv("GPT2ASM_RESIDENT", raising=False)
+    monkeypatch.setattr(R, "_mem_available", lambda: 1 << 20)
+    w = warm(ckpt_tiny, tmp_path, "f32")
+    r = Resident(w)
+    assert r.reason.startswith("not enough free memory") and not r.poll()
+    assert all(is_mapped(a) for a in mats(w))
+
+
+def test_copy_failure_keeps_running_from_the_mapping(ckpt_tiny, tmp_path, monkeypatch):
+    import gpt2asm.resident as R
+    monkeypatch.delenv("GPT2ASM_RESIDENT", raising=False)
+
+    def boom(a):
+        raise MemoryError("no memory")
+    monkeypatch.setattr(R, "_copy", boom)
+    w = warm(ckpt_tiny, tmp_path, "f32")
+    k = Kernels(None, 1)
+    try:
+        m = Transformer(w, k)
+        m.start_resident()
+        m.resident.wait(60)
+        s = m.new_state()
+        m.step(s, 50256)
+        assert isinstance(m.resident.error, MemoryError) and m.resident.adopted
+        assert all(is_mapped(a) for a in mats(w))
+    finally:
+        k.close()
