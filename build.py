@@ -89,7 +89,7 @@ def default_cc(target: str | None) -> str:
 # the exported symbols the Python side binds (one list for build.py, the tests and gpt2asm/kernels.py)
 
 KERNEL_OPS = ("matvec_f32", "matvec_f16", "layernorm_f32", "gelu_f32", "expf_f32", "softmax_f32",
-              "attention_f32")
+              "attention_f32", "argmax_f32")
 # family -> the ops it implements, per architecture, best family last (the -s order).  sme2 has only the
 # matrix-vector products; a kernel set using sme2 takes every other op from neon (FAMILY_FALLBACK).
 FAMILY_OPS = {

@@ -260,7 +260,7 @@ class GPT2:
         if len(ids) + n > self.config.n_ctx:
             raise ContextOverflowError(len(ids) + n, self.config.n_ctx)
         return ids, n, Sampler(self.model.k.softmax, s["temperature"], s["top_k"], s["top_p"],
-                               s["repetition_penalty"], s["seed"])
+                               s["repetition_penalty"], s["seed"], argmax=self.model.k.argmax)
 
     def _decode_loop(self, state, logits, history: list[int], n: int, sampler: Sampler, stats: dict | None,
                      t1: float, fed: list[int] | None = None) -> Iterator[int]:

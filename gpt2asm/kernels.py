@@ -37,6 +37,7 @@ FAMILIES = {"x86_64": ["avx2", "avx512"], "aarch64": ["neon", "sme2"]}
 FAMILY_FALLBACK = {"sme2": "neon"}
 ALIGN = 64
 TILE = 64
+SIZE_MAX = (1 << 64) - 1          # what a size_t kernel returns for "none" (gpt2asm_argmax_f32)
 HEAD_DIM = 64
 
 _lib: ctypes.CDLL | None = None
@@ -692,6 +693,9 @@ class Kernels:
         #                                  float *scratch, size_t n_pos, size_t head_stride,
         #                                  size_t head_begin, size_t head_end);
         self.attention_f32 = self._bind(self._symbol("attention_f32"), [P, P, P, P, P, N, N, N, N])
+        # size_t gpt2asm_argmax_f32_<isa>(const float *x, size_t n);   (SIZE_MAX: a NaN or +-inf in x)
+        self.argmax_f32 = self._bind(self._symbol("argmax_f32"), [P, N])
+        self.argmax_f32.restype = c_size_t
         # void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
         self.has_plan = hasattr(self.lib, f"gpt2asm_plan_run_{s}")
         self.plan_run = self._bind(f"gpt2asm_plan_run_{s}", [P, P, N, N]) if self.has_plan else None
@@ -872,6 +876,21 @@ class Kernels:
 
     def softmax(self, x: np.ndarray) -> np.ndarray:
         return self._unary(self.softmax_f32, x, "x")
+
+    def argmax(self, x: np.ndarray) -> int | None:
+        """The index of the first maximum of x (numpy.argmax; -0.0 == +0.0), or None if x holds a NaN
+        or an infinity (greedy sampling: gpt2asm_argmax_f32, comparisons only, the same on every ISA)."""
+        px = check(x, "x", np.float32)
+        if x.ndim != 1 or x.size < 1:
+            raise InvalidArgumentError(f"x: expected a 1-D array of at least one element, got shape {x.shape}")
+        if x.size >= 1 << 31:
+            raise InvalidArgumentError(f"x: {x.size} elements, at most {(1 << 31) - 1}")
+        i = self.argmax_f32(px, x.size)
+        if i == SIZE_MAX:
+            return None
+        if not (isinstance(i, int) and 0 <= i < x.size):      # e.g. a binding without a return value
+            raise LibraryError(f"{self._symbol('argmax_f32')} returned {i!r} for n = {x.size}")
+        return i
 
     def layernorm(self, x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
         px = check(x, "x", np.float32)

@@ -44,21 +44,29 @@ def check_params(temperature: float, top_k: int, top_p: float, repetition_penalt
 
 class Sampler:
     def __init__(self, softmax, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0,
-                 repetition_penalty: float = 1.0, seed: int = 0):
+                 repetition_penalty: float = 1.0, seed: int = 0, argmax=None):
         check_params(temperature, top_k, top_p, repetition_penalty)
         if not (isinstance(seed, int) and 0 <= seed < 1 << 64):
             raise InvalidArgumentError(f"seed must be an integer in [0, 2^64), got {seed!r}")
         self.softmax = softmax                   # the assembly softmax: float32 [n] -> float32 [n]
+        self.argmax = argmax                     # the assembly argmax: float32 [n] -> first max, None if
+                                                 # any NaN/inf (greedy: one pass over the cold logits)
         self.temperature, self.top_k, self.top_p = float(temperature), top_k, float(top_p)
         self.penalty = float(repetition_penalty)
         self.rng = Rng(seed)
 
     def __call__(self, logits: np.ndarray, history: list[int] | None = None) -> int:
         """logits [vocab] float32 (not modified) -> token id."""
+        greedy = self.temperature == 0.0 and (self.penalty == 1.0 or not history)
+        if greedy and self.argmax is not None:
+            i = self.argmax(logits)                       # plain greedy: the first maximum
+            if i is None:
+                self._non_finite(logits)
+            return i
         if not np.isfinite(logits).all():
             self._non_finite(logits)
-        if self.temperature == 0.0 and (self.penalty == 1.0 or not history):
-            return int(np.argmax(logits))                 # plain greedy: no copy; the first maximum
+        if greedy:
+            return int(np.argmax(logits))
         return self._sample(logits, history)
 
     @staticmethod

@@ -2,8 +2,8 @@
 (make test-arm64, tools/arm64/run_tests.py) or natively on Arm.
 
     gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon, gpt2asm_layernorm_f32_neon,
-    gpt2asm_gelu_f32_neon, gpt2asm_expf_f32_neon, gpt2asm_softmax_f32_neon, gpt2asm_attention_f32_neon
-                                                                                    (docs/kernels.md)
+    gpt2asm_gelu_f32_neon, gpt2asm_expf_f32_neon, gpt2asm_softmax_f32_neon, gpt2asm_attention_f32_neon,
+    gpt2asm_argmax_f32_neon                                                         (docs/kernels.md)
 
 The contract is the x86 one: every output is the same sequence of IEEE binary32 operations.  Each call is
 checked against
@@ -62,7 +62,7 @@ TILE = 64
 P, S = ctypes.c_void_p, ctypes.c_size_t
 NEON_SYMBOLS = ["gpt2asm_matvec_f32_neon", "gpt2asm_matvec_f16_neon", "gpt2asm_matvec_q8_neon",
                 "gpt2asm_layernorm_f32_neon", "gpt2asm_gelu_f32_neon", "gpt2asm_expf_f32_neon",
-                "gpt2asm_softmax_f32_neon", "gpt2asm_attention_f32_neon"]
+                "gpt2asm_softmax_f32_neon", "gpt2asm_attention_f32_neon", "gpt2asm_argmax_f32_neon"]
 
 
 def arm_test(fn):
@@ -627,6 +627,92 @@ def test_ops_page_guards(lib):
                 ok &= bool(ops.model_equal(fenced[out_i].get(), exp).all())
         return ok
     _fork_run(child)
+
+
+# --------------------------------------------------------------------------------------------------
+# argmax (greedy sampling): test_kernels_ops' argmax tests on gpt2asm_argmax_f32_neon
+
+@pytest.fixture
+def amax(lib):
+    """x -> gpt2asm_argmax_f32_neon(x, n) in test_kernels_ops' canary-guarded, misaligned harness."""
+    return ops.ArgmaxNative("neon", lib)
+
+
+@arm_test
+def test_argmax_random(amax):
+    ops.test_argmax_random(amax)
+
+
+@arm_test
+def test_argmax_ties_every_position(amax):
+    ops.test_argmax_ties_every_position(amax)
+
+
+@arm_test
+def test_argmax_ties_large(amax):
+    ops.test_argmax_ties_large(amax)
+
+
+@arm_test
+def test_argmax_all_equal(amax):
+    ops.test_argmax_all_equal(amax)
+
+
+@arm_test
+def test_argmax_signed_zeros(amax):
+    ops.test_argmax_signed_zeros(amax)
+
+
+@arm_test
+def test_argmax_extremes(amax):
+    ops.test_argmax_extremes(amax)
+
+
+@arm_test
+def test_argmax_nonfinite(amax):
+    ops.test_argmax_nonfinite(amax)
+
+
+@arm_test
+def test_argmax_zero_length(lib):
+    assert ops.argmax_fn(lib, "neon")(None, 0) == ops.SIZE_MAX
+
+
+@arm_test
+def test_argmax_page_guards(lib):
+    """x butting against a PROT_NONE page at its end, then at its start (lengths 1..70 and more)."""
+    jobs = ops.argmax_fence_jobs(np.random.default_rng(107))
+    fn = ops.argmax_fn(lib, "neon")
+
+    def child() -> bool:
+        ok = True
+        for x, exp in jobs:
+            for at_end in (True, False):
+                f = ops.PageFenced(x, at_end)
+                ok &= fn(f.addr, x.size) == exp
+        return ok
+    _fork_run(child)
+
+
+def test_argmax_sme2_falls_back_to_neon():
+    """sme2 has no argmax: build.py and gpt2asm.kernels resolve it to NEON's; Kernels.argmax works."""
+    sys.path.insert(0, str(ROOT))
+    import build
+    assert build.kernel_symbol("argmax_f32", "sme2") == "gpt2asm_argmax_f32_neon"
+    assert "gpt2asm_argmax_f32_neon" in build.bound_symbols("aarch64", "neon")
+    if not IS_ARM:
+        return
+    from gpt2asm.kernels import Kernels, available_families
+    for fam in available_families():
+        k = Kernels(fam)
+        try:
+            assert k._symbol("argmax_f32") == "gpt2asm_argmax_f32_neon"
+            x = np.arange(37, dtype=F32) % 5
+            assert k.argmax(x) == 4
+            x[36] = np.nan
+            assert k.argmax(x) is None
+        finally:
+            k.close()
 
 
 # --------------------------------------------------------------------------------------------------

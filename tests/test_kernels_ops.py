@@ -22,6 +22,7 @@ checked against
 
 Run:  pytest tests/test_kernels_ops.py
       python tests/test_kernels_ops.py --bench        (ns per call at GPT-2 sizes, native variants)
+      python tests/test_kernels_ops.py --bench-argmax (greedy sampling on 50257 logits, cold and hot)
 """
 from __future__ import annotations
 
@@ -1170,6 +1171,325 @@ def test_cross_variant_bits():
 
 
 # --------------------------------------------------------------------------------------------------
+# argmax (greedy sampling): size_t gpt2asm_argmax_f32_<isa>(const float *x, size_t n)
+#   the first maximum (numpy.argmax, -0.0 == +0.0), SIZE_MAX if any NaN or +-inf (docs/kernels.md)
+
+SIZE_MAX = (1 << 64) - 1
+DENORM_MIN = float(np.uint32(1).view(F32))
+
+
+def argmax_ref(x) -> int:
+    """The contract: numpy.argmax on finite data, SIZE_MAX if any element is NaN or +-inf."""
+    x = np.asarray(x, F32)
+    return SIZE_MAX if x.size == 0 or not np.isfinite(x).all() else int(np.argmax(x))
+
+
+def argmax_fn(lib: ctypes.CDLL, isa: str):
+    fn = getattr(lib, f"gpt2asm_argmax_f32_{isa}")
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_size_t
+    return fn
+
+
+class ArgmaxNative:
+    """gpt2asm_argmax_f32_<isa> run natively on x copied into a canary-guarded buffer at a rotating
+    misalignment (odd byte offsets too); checks the canaries and that x is unchanged; returns the index."""
+
+    def __init__(self, isa: str, lib: ctypes.CDLL | None = None):
+        self.isa = isa
+        self.lib = lib if lib is not None else load_lib()
+        self.name = f"argmax_{isa} (native)"
+        self._mis = itertools.cycle(MISALIGN)
+        self._seed = itertools.count(1)
+
+    def _invoke(self, addr: int, n: int) -> int:
+        return argmax_fn(self.lib, self.isa)(addr, n)
+
+    def __call__(self, x: np.ndarray) -> int:
+        x = np.ascontiguousarray(x, F32)
+        g = Guarded(x, next(self._mis), next(self._seed))
+        r = int(self._invoke(g.addr, x.size))
+        g.check(self.name)
+        assert np.array_equal(g.payload(), g.orig), f"{self.name} wrote into x"
+        return r
+
+
+class ArgmaxEmulatedRaw(ArgmaxNative):
+    """The emulated AVX-512 CPU in raw-pointer mode on ArgmaxNative's guarded, misaligned host buffers."""
+
+    def __init__(self, emu, isa: str = "avx512"):
+        super().__init__(isa)
+        self.emu = emu
+        self.name = f"argmax_{isa} (emulated, raw pointers)"
+
+    def _invoke(self, addr: int, n: int) -> int:
+        return self.emu.call_raw(f"gpt2asm_argmax_f32_{self.isa}", addr, n, ret="int")
+
+
+class ArgmaxEmulated:
+    """The emulated AVX-512 CPU: x copied into a page-guarded, read-only buffer."""
+
+    def __init__(self, emu, isa: str = "avx512"):
+        self.emu, self.isa = emu, isa
+        self.name = f"argmax_{isa} (emulated)"
+
+    def __call__(self, x: np.ndarray) -> int:
+        ro = np.array(x, F32, copy=True)
+        ro.flags.writeable = False
+        return self.emu.call(f"gpt2asm_argmax_f32_{self.isa}", ro, ro.size, ret="int")
+
+
+def argmax_runner(isa: str):
+    if isa in native_isas():
+        return ArgmaxNative(isa)
+    if isa == "avx512":
+        emu, why = emulator()
+        if emu is None:
+            pytest.skip(f"no AVX-512 on this CPU and no emulator: {why}")
+        return ArgmaxEmulated(emu, isa)
+    pytest.skip(f"this CPU/OS cannot run {isa}")
+
+
+@pytest.fixture(params=ISAS)
+def amax(request):
+    """A callable x -> index (the kernel of one ISA, natively or emulated)."""
+    return argmax_runner(request.param)
+
+
+def check_argmax(amax, x, what: str = "") -> None:
+    got, exp = amax(x), argmax_ref(x)
+    if got != exp:
+        x = np.asarray(x, F32)
+        show = lambda i: f"{i} (x = {float(x[i])!r})" if i < x.size else str(i)     # noqa: E731
+        raise AssertionError(f"{amax.name} {what} n={x.size}: got {show(got)}, expected {show(exp)}")
+
+
+# tie offsets: the next lane, the same lane in the other sets / iterations (8-lane AVX2 x4, 16-lane
+# AVX-512 x4, 4-lane NEON x4), into the whole-vector and the masked tails
+TIE_OFFSETS = (1, 3, 4, 7, 8, 12, 15, 16, 24, 31, 32, 48, 63, 64, 96, 127, 128)
+ARGMAX_TIE_LENGTHS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 95, 96, 97, 127,
+                      128, 129, 135, 200)
+
+
+def test_argmax_random(amax):
+    """Every length 1..300 and 50257: normal data, and small integers (many ties)."""
+    rng = np.random.default_rng(101)
+    for n in list(range(1, 301)) + [50257]:
+        check_argmax(amax, (rng.standard_normal(n) * 3).astype(F32), "normal")
+        check_argmax(amax, rng.integers(-4, 5, n).astype(F32), "small integers")
+        check_argmax(amax, mixed(rng, n, with_specials=False), "mixed magnitudes")
+
+
+def test_argmax_ties_every_position(amax):
+    """The maximum at every position p (every lane, every set, the whole-vector and the masked tail),
+    tied at later positions in the same lane of the other sets and in other lanes: p wins."""
+    rng = np.random.default_rng(102)
+    for n in ARGMAX_TIE_LENGTHS:
+        for p in range(n):
+            x = rng.uniform(-1.0, 0.5, n).astype(F32)
+            x[p] = 1.0
+            later = [p + d for d in TIE_OFFSETS if p + d < n]
+            x[later] = 1.0
+            if n - p > 1:
+                x[rng.integers(p + 1, n, 3)] = 1.0
+            check_argmax(amax, x, f"max at {p}, ties at {later}")
+            y = np.full(n, -2.0, F32)                       # everything before p lower, all later tied
+            y[p:] = 7.5
+            check_argmax(amax, y, f"all from {p} tied")
+
+
+def test_argmax_ties_large(amax):
+    """50257 logits with the maximum tied at scattered positions, the first in each region."""
+    rng = np.random.default_rng(103)
+    n = 50257
+    for first in (0, 5, 31, 64, 1000, 25000, 50176, 50240, 50250, 50255, 50256):
+        x = (rng.standard_normal(n) * 3).astype(F32)
+        x[first] = 100.0
+        tail = rng.integers(first, n, 20)
+        x[tail] = 100.0
+        check_argmax(amax, x, f"first max at {first}")
+
+
+def test_argmax_all_equal(amax):
+    for n in (1, 2, 7, 8, 9, 16, 17, 33, 64, 65, 100, 257, 50257):
+        for c in (0.0, -0.0, 1.5, -7.0, FLT_MAX, -FLT_MAX, DENORM_MIN, -DENORM_MIN, MIN_NORMAL):
+            x = np.full(n, c, F32)
+            assert amax(x) == 0, (amax.name, n, c)
+        z = np.zeros(n, F32)
+        z[np.random.default_rng(n).integers(0, 2, n).astype(bool)] = -0.0
+        assert amax(z) == 0, (amax.name, n, "mixed zeros")
+
+
+def test_argmax_signed_zeros(amax):
+    """-0.0 == +0.0: whichever zero comes first wins, in every lane/set combination."""
+    rng = np.random.default_rng(104)
+    for n in (2, 3, 9, 17, 40, 70, 130):
+        for _ in range(12):
+            p, q = sorted(rng.choice(n, 2, replace=False))
+            for zp, zq in ((-0.0, 0.0), (0.0, -0.0), (-0.0, -0.0)):
+                x = -rng.uniform(1e-30, 5, n).astype(F32)
+                x[p], x[q] = zp, zq
+                assert amax(x) == p, (amax.name, n, p, q, zp, zq)
+                check_argmax(amax, x, "signed zeros")
+
+
+def test_argmax_extremes(amax):
+    """FLT_MAX, -FLT_MAX, very negative values and denormals compare exactly (no FTZ/DAZ)."""
+    rng = np.random.default_rng(105)
+    nextup = lambda v: float(np.nextafter(F32(v), F32(np.inf)))                 # noqa: E731
+    for n in (1, 5, 8, 13, 16, 29, 64, 77, 200, 1029):
+        x = np.full(n, -FLT_MAX, F32)
+        check_argmax(amax, x, "all -FLT_MAX")
+        p = int(rng.integers(n))
+        x[p] = nextup(-FLT_MAX)
+        assert amax(x) == p
+        x = (rng.standard_normal(n) * 3e37).astype(F32)
+        x[rng.integers(0, n, 3)] = FLT_MAX
+        check_argmax(amax, x, "FLT_MAX")
+        x = -np.exp(rng.uniform(80, 88.7, n)).astype(F32)                     # all around -1e38
+        check_argmax(amax, x, "very negative")
+        bits = rng.integers(1, 1 << 23, n).astype(np.uint32) | (rng.integers(0, 2, n).astype(np.uint32) << 31)
+        x = bits.view(F32)                                                     # denormals of both signs
+        check_argmax(amax, x, "denormals")
+        x = np.full(n, -DENORM_MIN, F32)
+        x[p] = 0.0 if p % 2 else -0.0
+        assert amax(x) == p, "a zero above -denorm_min"
+        x[:] = -0.0
+        x[p] = DENORM_MIN
+        assert amax(x) == p, "denorm_min above the zeros"
+
+
+def test_argmax_nonfinite(amax):
+    """A NaN (any payload, quiet or signalling, either sign), +inf or -inf at the first, a middle, the
+    last position, in each set and in the tails: SIZE_MAX, whatever the maximum."""
+    rng = np.random.default_rng(106)
+    nans = nan_payloads(8, rng)
+    for n in (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 79, 100, 129, 1000, 50257):
+        spots = {0, n // 2, n - 1} | {p for p in (4, 8, 16, 24, 32, 48, 64, 96) if p < n}
+        spots |= {n - 1 - k for k in range(min(n, 17))}
+        if n > 1000:
+            spots = {0, 1, n // 2, 50175, 50176, 50239, 50240, 50250, n - 2, n - 1}
+        for p in sorted(spots):
+            for bad in (np.inf, -np.inf, nans[p % 8], np.nan):
+                x = (rng.standard_normal(n) * 3).astype(F32)
+                x[(p + 1) % n] = 50.0                                         # a finite maximum elsewhere
+                x[p] = bad
+                got = amax(x)
+                assert got == SIZE_MAX, (amax.name, n, p, float(bad), got)
+    for n in (1, 9, 70):
+        assert amax(np.full(n, -np.inf, F32)) == SIZE_MAX
+        assert amax(np.full(n, np.inf, F32)) == SIZE_MAX
+        assert amax(nan_payloads(n, rng)) == SIZE_MAX
+
+
+def argmax_fence_jobs(rng):
+    """(x, expected) for the page-fence tests: every length 1..70 and a few larger, finite and with a
+    non-finite value at the last element (which must then be read)."""
+    jobs = []
+    for n in list(range(1, 71)) + [100, 127, 128, 129, 255, 1000, 1029]:
+        x = (rng.standard_normal(n) * 3).astype(F32)
+        jobs.append((x, argmax_ref(x)))
+        x = x.copy()
+        x[-1] = FLT_MAX
+        jobs.append((x, n - 1))
+        x = x.copy()
+        x[-1] = np.inf
+        jobs.append((x, SIZE_MAX))
+    return jobs
+
+
+def test_argmax_page_guards_overread():
+    """Natively, in a forked child: x butting against a PROT_NONE page at its end, then its start."""
+    lib = load_lib()
+    have = sorted(native_isas())
+    if not have:
+        pytest.skip("no variant runs natively")
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    jobs = argmax_fence_jobs(np.random.default_rng(107))
+    fns = [argmax_fn(lib, isa) for isa in have]
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            for fn in fns:
+                for x, exp in jobs:
+                    for at_end in (True, False):
+                        f = PageFenced(x, at_end)
+                        if fn(f.addr, x.size) != exp:
+                            code = 3
+        except Exception:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        pytest.fail(f"argmax faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): it read "
+                    "outside x")
+    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+
+def test_argmax_emulated_page_guards_overread():
+    """gpt2asm_argmax_f32_avx512 on the emulated CPU in raw-pointer mode, x butting against a PROT_NONE
+    host page on either side: any access to it is a CpuFault."""
+    emu = emulator_raw()
+    for x, exp in argmax_fence_jobs(np.random.default_rng(108)):
+        for at_end in (True, False):
+            f = PageFenced(x, at_end)
+            got = emu.call_raw("gpt2asm_argmax_f32_avx512", f.addr, x.size, ret="int")
+            assert got == exp, (x.size, at_end, got, exp)
+
+
+def test_argmax_emulated_raw_misaligned():
+    """gpt2asm_argmax_f32_avx512 emulated on the native harness's misaligned canary-guarded buffers."""
+    r = ArgmaxEmulatedRaw(emulator_raw())
+    rng = np.random.default_rng(109)
+    for n in (1, 7, 15, 16, 17, 63, 64, 65, 100, 1023, 50257):
+        check_argmax(r, (rng.standard_normal(n) * 3).astype(F32), "normal")
+        check_argmax(r, rng.integers(-2, 3, n).astype(F32), "ties")
+        x = (rng.standard_normal(n) * 3).astype(F32)
+        x[-1] = np.nan
+        check_argmax(r, x, "NaN last")
+
+
+def test_argmax_zero_length():
+    """n = 0 (Python never passes it) returns SIZE_MAX without reading x."""
+    lib = load_lib()
+    for isa in sorted(native_isas()):
+        assert argmax_fn(lib, isa)(None, 0) == SIZE_MAX
+    emu, _ = emulator()
+    if emu is not None:
+        assert emu.call("gpt2asm_argmax_f32_avx512", None, 0, ret="int") == SIZE_MAX
+
+
+def test_argmax_kernels_wrapper():
+    """Kernels.argmax: the checked wrapper (int, None for non-finite, InvalidArgumentError otherwise)."""
+    load_lib()
+    sys.path.insert(0, str(ROOT))
+    from gpt2asm.errors import InvalidArgumentError
+    from gpt2asm.kernels import Kernels
+    fams = sorted(native_isas())
+    if not fams:
+        pytest.skip("no variant runs natively")
+    rng = np.random.default_rng(110)
+    for fam in fams:
+        k = Kernels(fam)
+        try:
+            for n in (1, 2, 33, 50257):
+                x = (rng.standard_normal(n) * 3).astype(F32)
+                i = k.argmax(x)
+                assert type(i) is int and i == int(np.argmax(x))
+                x[n // 2] = np.nan
+                assert k.argmax(x) is None
+                x[n // 2] = -np.inf
+                assert k.argmax(x) is None
+            for bad in (np.zeros(5, np.float64), np.zeros((2, 3), F32), np.zeros(0, F32),
+                        np.zeros(10, F32)[::2], [1.0, 2.0], np.zeros(4, np.float16)):
+                with pytest.raises(InvalidArgumentError):
+                    k.argmax(bad)
+        finally:
+            k.close()
+
+
+# --------------------------------------------------------------------------------------------------
 # benchmark: python tests/test_kernels_ops.py --bench
 
 def bench(min_time: float = 0.3) -> None:
@@ -1245,8 +1565,68 @@ def bench(min_time: float = 0.3) -> None:
               f"(dense sweep of [-104, 89] and every binary32 of 4 subranges)")
 
 
+def bench_argmax(reps: int = 300) -> None:
+    """Greedy sampling on 50257 logits: gpt2asm_argmax_f32_<isa> (and the checked Kernels.argmax) vs
+    numpy's isfinite(x).all() + argmax(x), hot and with the cache evicted (64 MB streamed) before each
+    call.  Median and minimum of `reps` calls in us (ctypes call included), interleaved."""
+    lib = load_lib()
+    have = sorted(native_isas())
+    sys.path.insert(0, str(ROOT))
+    from gpt2asm.kernels import Kernels
+    rng = np.random.default_rng(0)
+    n = 50257
+    x = (rng.standard_normal(n) * 3).astype(F32)
+    evict = np.ones(64 << 20 >> 2, F32)
+    readbw = lib.gpt2asm_readbw_f32_avx2 if "avx2" in have else None
+    if readbw is not None:
+        readbw.argtypes, readbw.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
+    kern = Kernels(have[-1]) if have else None
+
+    def flush():
+        if readbw is not None:
+            readbw(evict.ctypes.data, evict.size)
+        else:
+            evict.sum()
+
+    def numpy_greedy():
+        return int(np.argmax(x)) if np.isfinite(x).all() else None
+    cases = [(f"gpt2asm_argmax_f32_{isa}", (lambda fn: lambda: fn(x.ctypes.data, n))(argmax_fn(lib, isa)))
+             for isa in have]
+    if readbw is not None:                   # the memory baseline: stream the same bytes, no compute
+        xa = np.empty(n + 64, F32)
+        xa = xa[(-xa.ctypes.data) % 64 // 4:][:n - n % 64]
+        xa[:] = x[:xa.size]
+        cases.append(("(read baseline: readbw_f32_avx2, same bytes)", lambda: readbw(xa.ctypes.data, xa.size)))
+    if kern is not None:
+        cases.append((f"Kernels.argmax ({kern.family}, checked)", lambda: kern.argmax(x)))
+    cases.append(("numpy isfinite().all() + argmax()", numpy_greedy))
+    want = int(np.argmax(x))
+    for name, fn in cases:
+        assert name.startswith("(") or fn() == want
+    times = {name: ([], []) for name, _ in cases}
+    for _ in range(reps):
+        for name, fn in cases:
+            flush()
+            t0 = time.perf_counter_ns()
+            fn()
+            t1 = time.perf_counter_ns()
+            fn()
+            t2 = time.perf_counter_ns()
+            times[name][0].append((t1 - t0) / 1e3)
+            times[name][1].append((t2 - t1) / 1e3)
+    print(f"argmax over n = {n} floats ({4 * n} bytes), {reps} calls each, us per call "
+          "(cold: after streaming 64 MB; hot: the call right after)")
+    print(f"{'':40s}{'cold median':>12s}{'cold min':>10s}{'hot median':>12s}{'hot min':>10s}")
+    for name, (cold, hot) in times.items():
+        print(f"{name:40s}{np.median(cold):12.1f}{min(cold):10.1f}{np.median(hot):12.1f}{min(hot):10.1f}")
+    if kern is not None:
+        kern.close()
+
+
 if __name__ == "__main__":
-    if "--bench" in sys.argv[1:]:
+    if "--bench-argmax" in sys.argv[1:]:
+        bench_argmax()
+    elif "--bench" in sys.argv[1:]:
         bench()
     else:
         sys.exit(pytest.main([__file__, "-q"] + sys.argv[1:]))

@@ -75,12 +75,25 @@ def test_same_seed_same_choices(softmax):
     assert [s1(z) for _ in range(100)] == [s2(z) for _ in range(100)]
 
 
+def test_greedy_through_the_argmax_kernel(softmax):
+    k = Kernels()
+    for seed in range(20):
+        z = logits(50257, seed)
+        z[[seed * 7, 40000 + seed]] = z.max() + 1                      # a tie: the first one wins
+        assert Sampler(softmax, temperature=0, argmax=k.argmax)(z) == seed * 7 == int(np.argmax(z))
+    z = logits()
+    assert Sampler(softmax, 0, repetition_penalty=1.5, argmax=k.argmax)(z, history=[int(np.argmax(z))]) \
+        == Sampler(softmax, 0, repetition_penalty=1.5)(z, history=[int(np.argmax(z))])
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_non_finite_logits_refused(softmax, bad):
+@pytest.mark.parametrize("kernel", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_non_finite_logits_refused(softmax, bad, kernel, temperature):
     z = logits()
     z[3] = bad
     with pytest.raises(NonFiniteLogitsError):
-        Sampler(softmax, 0.8)(z)
+        Sampler(softmax, temperature, argmax=Kernels().argmax if kernel else None)(z)
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=-1), dict(temperature=float("nan")), dict(top_k=-1),
