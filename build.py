@@ -98,10 +98,11 @@ FAMILY_OPS = {
 }
 FAMILY_FALLBACK = {"sme2": "neon"}
 # exported kernels not bound by name through bound_symbols() (the plan executor and the tests call them):
-# check_exports requires them of a family like its FAMILY_OPS.  sme2 falls back to neon's matvec_q8.
+# check_exports requires them of a family like its FAMILY_OPS.  sme2 falls back to neon's matvec_q8 and
+# matmul_* (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover them.
 EXTRA_OPS = {
     "x86_64": {fam: ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8") for fam in ("avx2", "avx512")},
-    "aarch64": {"neon": ("matvec_q8",)},
+    "aarch64": {"neon": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8")},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {
@@ -109,7 +110,7 @@ COMMON_SYMBOLS = {
     "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl"),
 }
 # bound by tools/ (bench)
-TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2",), "aarch64": ()}
+TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2",), "aarch64": ("gpt2asm_readbw_f32_neon",)}
 
 
 def kernel_symbol(op: str, family: str) -> str:

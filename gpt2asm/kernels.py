@@ -818,6 +818,20 @@ class Kernels:
         fn = self.matvec_f16 if w.dtype == np.float16 else self.matvec_f32
         return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in ranges]
 
+    def matmul_job(self, w: np.ndarray, x: int, ldx: int, b: int | None, y: int, ldy: int, n_tok: int,
+                   n_in: int, n_tiles: int, scale: int | None = None):
+        """(fn, per-thread args) for Y[t] = W X[t] + b, t < n_tok (rows ldx / ldy floats apart; int8 w:
+        with its scales), the tiles split across the threads.  Addresses are prevalidated."""
+        if not self.has_matmul:
+            raise KernelUnavailableError(f"the {self.family} family has no batched (matmul) kernels")
+        ranges = split(n_tiles, self.threads if self.pool else 1)
+        if (w.dtype == np.int8) != (scale is not None):
+            raise InvalidArgumentError("int8 weights need their scales, other weights take none")
+        if w.dtype == np.int8:
+            return self.matmul_q8, [(addr(w), scale, x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
+        fn = self.matmul_f16 if w.dtype == np.float16 else self.matmul_f32
+        return fn, [(addr(w), x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
+
     def attention_job(self, q: int, k: int, v: int, out: int, scratch: list[int], n_pos: int,
                       head_stride: int, n_head: int):
         parts = self.threads if self.pool else 1
@@ -852,8 +866,13 @@ class Kernels:
         if b is not None:
             check(b, "b", np.float32, n_tiles * TILE)
         y = np.empty((x.shape[0], n_tiles * TILE), np.float32)
-        if not (self.has_plan and self.has_matmul):
-            raise KernelUnavailableError(f"the {self.family} family has no batched (matmul) plan jobs")
+        if not self.has_matmul:
+            raise KernelUnavailableError(f"the {self.family} family has no batched (matmul) kernels")
+        if not self.has_plan:                   # per-call path (Arm): the tile ranges split over run()
+            px = check(x, "x", np.float32)
+            self.run(*self.matmul_job(w, px, n_in, None if b is None else addr(b), addr(y), n_tiles * TILE,
+                                      x.shape[0], n_in, n_tiles, None if scale is None else addr(scale)))
+            return y
         p = Plan(self)
         p.matmul(w, x, b, y, scale=scale)
         p.build().set_rows(x.shape[0], 0)

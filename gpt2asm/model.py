@@ -23,7 +23,9 @@ positions 0..pos+t) -- and then the LM head for the last token only: the same bi
 
 `step_reference` is the same computation as a sequence of single kernel calls from Python (numpy for the
 adds and cache copies): the reference the plan is tested against, the per-kernel comparison of the
-emulated AVX-512 test, and the path of a kernel family without a plan executor.
+emulated AVX-512 test, and the path of a kernel family without a plan executor.  `prefill_reference` is
+the prefill done so (LayerNorm, attention and GELU kernel calls per row, the matmul kernels over the rows
+with the tiles split over Kernels.run, numpy adds and cache copies): the prefill of such a family (Arm).
 """
 from __future__ import annotations
 
@@ -197,14 +199,17 @@ class Transformer:
     def prefill(self, s: State, tokens) -> np.ndarray:
         """Feed tokens at positions s.n, s.n+1, ..., extend the cache; return the logits [vocab] of the last
         token (a view of s).  Bit-identical to step() for each token (logits and cache): layer by layer over
-        up to PREFILL_ROWS tokens per plan run, the LM head only for the last token."""
+        up to PREFILL_ROWS tokens per plan run (per kernel call without a plan executor: prefill_reference),
+        the LM head only for the last token."""
         tokens = self._check_tokens(s, tokens)
         if self.resident is not None:
             self._adopt()
-        if len(tokens) == 1 or not (self.k.has_plan and self.k.has_matmul):
-            for t in tokens:               # one token (a step is faster), or no plan executor: cached steps
+        if len(tokens) == 1 or not self.k.has_matmul:
+            for t in tokens:               # one token (a step is faster), or no matmul kernels: cached steps
                 logits = self.step(s, t)
             return logits
+        if not self.k.has_plan:
+            return self.prefill_reference(s, tokens)
         cfg, p, head = self.cfg, self._prefill_plan(s), self._step_plan(s)
         wte, wpe = self.w.wte.reshape(cfg.vocab_size, -1), self.w.wpe.reshape(cfg.n_ctx, -1)
         x = s.rows.x                                               # [R][C] residual stream rows
@@ -291,6 +296,52 @@ class Transformer:
         for i in range(self.cfg.n_layer):
             self._block(s, i, pos)
         s.n = pos + 1
+        return self._head(s)
+
+    def _matmul(self, w: np.ndarray, s: np.ndarray | None, x: np.ndarray, b: np.ndarray | None, y: np.ndarray,
+                T: int, n_in: int) -> None:
+        """y[t] = W x[t] + b for the rows t < T of the C-contiguous row buffers x, y (the matmul kernels)."""
+        self.k.run(*self.k.matmul_job(w, addr(x), x.shape[1], None if b is None else addr(b), addr(y), y.shape[1],
+                                      T, n_in, w.shape[0], None if s is None else addr(s)))
+
+    def _rows_block(self, s: State, qkv: np.ndarray, i: int, T: int, pos: int) -> None:
+        """Transformer block i for the rows t < T of s.rows (the tokens at positions pos + t): _block's
+        kernel calls and numpy adds, with the matmul kernels for the T rows at once."""
+        L, C, H, K, r = self.w.layers[i], self.cfg.n_embd, self.cfg.n_head, self.k, s.rows
+        x = r.x[:T]
+        for t in range(T):
+            K.layernorm_f32(addr(x[t]), addr(L.ln1_g), addr(L.ln1_b), addr(r.h[t]), C)
+        self._matmul(L.attn_w, scale(L, "attn"), r.h, L.attn_b, qkv, T, C)     # qkv [T][3C]
+        s.k[i, :, pos:pos + T] = qkv[:T, C:2 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)   # cache rows
+        s.v[i, :, pos:pos + T] = qkv[:T, 2 * C:3 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)
+        for t in range(T):                                                   # row t: positions 0 .. pos + t
+            K.run(*K.attention_job(addr(qkv[t]), addr(s.k[i]), addr(s.v[i]), addr(r.att[t]),
+                                   [addr(a) for a in s.scratch], pos + t + 1, self.cfg.n_ctx * HEAD_DIM, H))
+        self._matmul(L.attn_proj_w, scale(L, "attn_proj"), r.att, L.attn_proj_b, r.y, T, C)
+        np.add(x, r.y[:T, :C], out=x)                                        # x += attn
+        for t in range(T):
+            K.layernorm_f32(addr(x[t]), addr(L.ln2_g), addr(L.ln2_b), addr(r.h[t]), C)
+        self._matmul(L.fc_w, scale(L, "fc"), r.h, L.fc_b, r.fc, T, C)       # fc [T][4C]
+        K.gelu_f32(addr(r.fc), addr(r.fc), T * 4 * C)
+        self._matmul(L.proj_w, scale(L, "proj"), r.fc, L.proj_b, r.y, T, 4 * C)
+        np.add(x, r.y[:T, :C], out=x)                                        # x += mlp
+
+    def prefill_reference(self, s: State, tokens: list[int]) -> np.ndarray:
+        """prefill() as single kernel calls from Python (a family with the matmul kernels but without a plan
+        executor: Arm): layer by layer over up to PREFILL_ROWS tokens, then the head for the last token;
+        the logits and cache bits of cached steps (any family with the matmul kernels; tests call it on x86)."""
+        tokens = self._check_tokens(s, tokens)
+        cfg, r = self.cfg, s.prefill_rows(PREFILL_ROWS)
+        wte, wpe = self.w.wte.reshape(cfg.vocab_size, -1), self.w.wpe.reshape(cfg.n_ctx, -1)
+        qkv = np.empty((min(len(r.x), len(tokens)), 3 * cfg.n_embd), np.float32)
+        for c0 in range(0, len(tokens), len(r.x)):
+            ids = tokens[c0:c0 + len(r.x)]
+            T, pos = len(ids), s.n
+            np.add(wte[ids], wpe[pos:pos + T], out=r.x[:T])                # x[t] = wte[token] + wpe[pos + t]
+            for i in range(cfg.n_layer):
+                self._rows_block(s, qkv, i, T, pos)
+            s.n = pos + T
+        s.x[:] = r.x[T - 1]
         return self._head(s)
 
     def _forward_reference(self, tokens: list[int]) -> np.ndarray:

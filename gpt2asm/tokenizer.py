@@ -395,6 +395,7 @@ class Tokenizer:
         ends = list(itertools.accumulate(map(len, tokens)))        # one byte per token character
         self._bytes = [blob[s:e] for s, e in zip(itertools.chain((0,), ends), ends)]   # id -> bytes
         self._cache: dict[str, list[int]] = {}                     # pre-token text -> ids
+        self.from_cache = False                                    # loaded from the parsed-tokenizer cache
 
     @classmethod
     def _from_parsed(cls, vocab, merge_lines, tokens=None, blob=None) -> "Tokenizer":
@@ -428,7 +429,9 @@ class Tokenizer:
                         os.utime(cpath)                             # recently used (for _evict)
                     except OSError:
                         pass
-                    return cls._from_parsed(vocab, lines, tokens, blob)
+                    tok = cls._from_parsed(vocab, lines, tokens, blob)
+                    tok.from_cache = True
+                    return tok
         vocab = _parse_vocab(_decode_text(vraw, vocab_path, "vocab file"), vocab_path)
         lines = _merge_lines(_decode_text(mraw, merges_path, "merges file"), merges_path, vocab)
         tokens = _tokens_by_id(vocab)

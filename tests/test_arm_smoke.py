@@ -58,9 +58,9 @@ def test_notes_for_large_svl():
 
 def test_symbol_lists():
     syms = build.bound_symbols("aarch64")
-    assert syms[:2] == ["gpt2asm_build_id", "gpt2asm_rdsvl"]
-    assert len(syms) == len(set(syms)) == 2 + len(build.KERNEL_OPS) + 2
-    assert build.bound_symbols("aarch64", "sme2")[2:] == ["gpt2asm_matvec_f32_sme2", "gpt2asm_matvec_f16_sme2"]
+    assert syms[:3] == ["gpt2asm_build_id", "gpt2asm_rdsvl", "gpt2asm_readbw_f32_neon"]
+    assert len(syms) == len(set(syms)) == 3 + len(build.KERNEL_OPS) + 2
+    assert build.bound_symbols("aarch64", "sme2")[3:] == ["gpt2asm_matvec_f32_sme2", "gpt2asm_matvec_f16_sme2"]
     assert build.kernel_symbol("matvec_f16", "sme2") == "gpt2asm_matvec_f16_sme2"
     assert build.kernel_symbol("gelu_f32", "sme2") == "gpt2asm_gelu_f32_neon"
     assert build.kernel_symbol("attention_f32", "avx512") == "gpt2asm_attention_f32_avx512"
@@ -86,6 +86,21 @@ def test_library_loads_and_is_aarch64():
         assert int.from_bytes(head[4:8], "little") == 0x0100000C     # CPU_TYPE_ARM64
     for name in build.COMMON_SYMBOLS["aarch64"]:
         assert hasattr(lib, name), name
+
+
+@arm_only
+def test_readbw_probe():
+    """gpt2asm_readbw_f32_neon (make bench's bandwidth baseline): reads exactly n floats, sums them."""
+    import numpy as np
+    from gpt2asm.kernels import load_library
+    from gpt2asm.weights import aligned_empty
+    fn = load_library().gpt2asm_readbw_f32_neon
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
+    for n in (0, 64, 128, 64 * 37):
+        buf = aligned_empty(n + 64, np.float32)
+        buf[:n] = np.arange(n) % 8
+        buf[n:] = np.nan                                     # past the end: must not be read
+        assert fn(buf.ctypes.data, n) == float((np.arange(n) % 8).sum())
 
 
 @arm_only

@@ -3,7 +3,7 @@
 
     gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon, gpt2asm_layernorm_f32_neon,
     gpt2asm_gelu_f32_neon, gpt2asm_expf_f32_neon, gpt2asm_softmax_f32_neon, gpt2asm_attention_f32_neon,
-    gpt2asm_argmax_f32_neon                                                         (docs/kernels.md)
+    gpt2asm_argmax_f32_neon, gpt2asm_matmul_{f32,f16,q8}_neon                       (docs/kernels.md)
 
 The contract is the x86 one: every output is the same sequence of IEEE binary32 operations.  Each call is
 checked against
@@ -450,6 +450,210 @@ def test_matvec_q8_sme2_falls_back_to_neon():
         assert k._symbol("matvec_f32") == "gpt2asm_matvec_f32_sme2"
     finally:
         k.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# matmul (batched prefill): gpt2asm_matmul_{f32,f16,q8}_neon in test_kernels_matmul's harness (its contract
+# model, cases and test functions), and bit for bit against the NEON matvec row by row
+
+import test_kernels_matmul as mm  # noqa: E402   (matmul contract model, cases and test functions)
+
+MM_DTYPES = ("f32", "f16", "q8")
+
+
+def bind_matmul(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the prototypes of gpt2asm_matmul_<dtype>_neon (docs/kernels.md, gpt2asm_matmul) on lib."""
+    for d in MM_DTYPES:
+        fn = getattr(lib, f"gpt2asm_matmul_{d}_neon")
+        fn.argtypes = [P, P, P, S, P, P, S, S, S, S, S] if d == "q8" else [P, P, S, P, P, S, S, S, S, S]
+        fn.restype = None
+    return lib
+
+
+class MatmulRunner:
+    """gpt2asm_matmul_<dtype>_neon in the harness of test_kernels_matmul.NativeRunner: w 64-byte aligned;
+    scale, X, b, Y at rotating misalignments (odd byte offsets too); 4 KiB canaries on each side; inputs
+    unchanged.  mm.run_and_check checks Y's row gaps (ldy > outputs) and the other tiles untouched; X's row
+    gaps hold NaN (mm.Case), so reading one would show in the results."""
+
+    MISALIGN = (4, 1, 0, 2, 60, 3, 12, 5, 8, 63)
+
+    def __init__(self, lib: ctypes.CDLL, dtype: str):
+        self.fn = getattr(bind_matmul(lib), f"gpt2asm_matmul_{dtype}_neon")
+        self.dtype = dtype
+        self.name = f"gpt2asm_matmul_{dtype}_neon"
+        self._mis = itertools.cycle(self.MISALIGN)
+
+    def __call__(self, c, tb, te, *, seed=0, T=None):
+        T = c.T if T is None else T
+        wg = mv.Guarded(c.wt.nbytes, 0, seed).put(c.wt)
+        sg = mv.Guarded(c.scale.nbytes, next(self._mis), seed + 1).put(c.scale) if c.scale is not None else None
+        xg = mv.Guarded(c.X.nbytes, next(self._mis), seed + 2).put(c.X)
+        bg = mv.Guarded(c.b.nbytes, next(self._mis), seed + 3).put(c.b) if c.b is not None else None
+        Y0 = c.Y0()
+        yg = mv.Guarded(Y0.nbytes, next(self._mis), seed + 4).put(Y0)
+        self.fn(*mm.call_args(self.dtype, wg.addr, sg.addr if sg else None, xg.addr, c.ldx,
+                              bg.addr if bg else None, yg.addr, c.ldy, T, c.n_in, tb, te))
+        for g, a, name in ((wg, c.wt, "w"), (sg, c.scale, "scale"), (xg, c.X, "x"), (bg, c.b, "b"),
+                           (yg, None, "y")):
+            if g is None:
+                continue
+            g.check(f"{self.name}: {name}")
+            if a is not None:
+                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
+                    f"{self.name} wrote to its input {name}"
+        return yg.get(np.float32).reshape(c.T, c.ldy)
+
+
+@pytest.fixture(params=MM_DTYPES)
+def mmvariant(request, lib):
+    """(dtype, [runner]), as test_kernels_matmul's `variant` fixture."""
+    return request.param, [MatmulRunner(lib, request.param)]
+
+
+@arm_test
+def test_matmul_exports(lib):
+    for d in MM_DTYPES:
+        assert hasattr(lib, f"gpt2asm_matmul_{d}_neon"), d
+
+
+@arm_test
+@pytest.mark.parametrize("T", list(range(1, 14)))
+def test_matmul_token_counts(mmvariant, T):
+    """T = 1..13: blocks of 8 tokens (8 outputs a strip), tails of 5-7 tokens, tails of 1-4 (16 outputs a
+    strip); n_in mod 4 = 0..3 (odd n_in: the ld1r rows), tile ranges not starting at 0, row gaps in X and
+    Y, bias or NULL: bit-exact vs the contract model, within the float64 bound, nothing else written."""
+    dtype, runners = mmvariant
+    rng = np.random.default_rng(700 + T)
+    for k, (n_in, nt, tb, te) in enumerate(((1, 1, 0, 1), (3, 2, 0, 2), (6, 3, 1, 3), (17, 3, 1, 3),
+                                           (64, 2, 1, 2), (65, 4, 1, 3))):
+        c = mm.Case(rng, dtype, n_in, nt, T, ldx_pad=(0, 1, 5, 16)[k % 4], ldy_pad=(3, 0, 64, 1)[k % 4],
+                    bias=k % 2 == 0)
+        mm.run_and_check(runners, c, tb, te, seed=k + T)
+
+
+@arm_test
+@pytest.mark.parametrize("n_in", [2, 7, 129, 768])
+def test_matmul_sizes(mmvariant, n_in):
+    """Larger n_in with T = 29 (3 blocks of 8 + 5) and T = 8."""
+    mm.test_sizes(mmvariant, n_in)
+
+
+@arm_test
+def test_matmul_empty(mmvariant):
+    """n_tokens = 0 or an empty tile range: nothing is written."""
+    mm.test_empty(mmvariant)
+
+
+@arm_test
+def test_matmul_special_values(mmvariant):
+    """NaN / inf in one token's X reach only that token's outputs, NaN / inf weights (scales for q8) only
+    their output in every token; overflowing partial sums in the contract's order."""
+    mm.test_special_values(mmvariant)
+
+
+@arm_test
+def test_matmul_denormals_and_zeros(mmvariant):
+    mm.test_denormals_and_zeros(mmvariant)
+
+
+@arm_test
+@pytest.mark.parametrize("dtype", MM_DTYPES)
+def test_matmul_equals_neon_matvec_rows(lib, dtype):
+    """Every row of Y has exactly the bits of gpt2asm_matvec_<dtype>_neon on that row of X, NaN payloads
+    included: quiet and signalling NaNs with payloads and infinities in X, NaN weights (f32, f16) or NaN
+    / inf scales (q8), NaN biases, and NULL bias; every token block shape (T = 1, 4, 5, 9, 13, 20)."""
+    run = MatmulRunner(lib, dtype)
+    mvfn = getattr(lib, f"gpt2asm_matvec_{dtype}_neon")
+    rng = np.random.default_rng(800 + MM_DTYPES.index(dtype))
+    for k, (n_in, nt, T, tb, te) in enumerate(((33, 4, 9, 1, 4), (1, 2, 5, 0, 2), (130, 2, 13, 0, 2),
+                                               (7, 3, 20, 2, 3), (4, 1, 4, 0, 1), (6, 2, 1, 0, 2))):
+        c = mm.Case(rng, dtype, n_in, nt, T, ldx_pad=3, ldy_pad=5, bias=k % 3 != 2)
+        Xi = c.X[:, :n_in].copy()
+        Xi[rng.integers(0, T), rng.integers(0, n_in)] = -np.inf
+        Xi.reshape(-1).view(np.uint32)[rng.integers(0, Xi.size, 2)] = np.uint32(0x7FC01234)
+        Xi.reshape(-1).view(np.uint32)[rng.integers(0, Xi.size, 1)] = np.uint32(0xFFA00077)     # signalling
+        c.X[:, :n_in] = Xi
+        if dtype == "f32":
+            c.wt.reshape(-1).view(np.uint32)[rng.integers(0, c.wt.size, 4)] = np.uint32(0x7FC0ABCD)
+        elif dtype == "f16":
+            c.wt.reshape(-1).view(np.uint16)[rng.integers(0, c.wt.size, 4)] = np.uint16(0x7E55)
+        else:
+            c.scale[rng.integers(0, c.scale.size, 2)] = np.inf
+            c.scale.view(np.uint32)[rng.integers(0, c.scale.size, 2)] = np.uint32(0xFFC00042)
+        if c.b is not None:
+            c.b.view(np.uint32)[rng.integers(0, c.b.size, 3)] = np.uint32(0xFFC00123)
+        Y = run(c, tb, te, seed=k)
+        lo, hi = TILE * tb, TILE * te
+        pb = None if c.b is None else c.b.ctypes.data
+        for t in range(T):
+            x = np.ascontiguousarray(c.X[t, :n_in])
+            y = np.full(nt * TILE, mv.Y_FILL, np.uint32).view(F32)
+            if dtype == "q8":
+                mvfn(c.wt.ctypes.data, c.scale.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
+            else:
+                mvfn(c.wt.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
+            diff = np.flatnonzero(Y[t, lo:hi].view(np.uint32) != y[lo:hi].view(np.uint32))
+            assert diff.size == 0, (f"{run.name} (n_in {n_in}, T {T}) token {t} differs from "
+                                    f"gpt2asm_matvec_{dtype}_neon at outputs {diff[:8] + lo}")
+
+
+@arm_test
+def test_matmul_page_guards(lib):
+    """In a forked child: w (only the range's tiles), scale, b, X (its last row's n_in-th input the last
+    byte before a PROT_NONE page, or its first byte the first after one) and Y (rows of exactly the range:
+    ldy = its outputs) likewise.  Any over-read or over-write faults."""
+    bind_matmul(lib)
+    rng = np.random.default_rng(61)
+    jobs = []
+    for dtype in MM_DTYPES:
+        for n_in, nt, T, tb, te, pad in ((1, 3, 1, 1, 3, 0), (7, 4, 7, 2, 3, 3), (65, 2, 13, 0, 2, 0),
+                                         (130, 3, 6, 1, 2, 5), (3, 1, 5, 0, 1, 0), (6, 2, 12, 0, 2, 1)):
+            c = mm.Case(rng, dtype, n_in, nt, T, ldx_pad=pad)
+            jobs.append((dtype, c, tb, te, mm.contract_ref(c, tb, te)))
+
+    def child() -> bool:
+        ok = True
+        for dtype, c, tb, te, exp in jobs:
+            fn = getattr(lib, f"gpt2asm_matmul_{dtype}_neon")
+            tile_bytes = c.wt[0].nbytes
+            nout = TILE * (te - tb)
+            for at_end in (True, False):
+                sub = np.ascontiguousarray(c.wt[tb:te])
+                wg = mv.PageFenced(sub.nbytes, at_end).put(sub)
+                xs = c.X.reshape(-1)[:(c.T - 1) * c.ldx + c.n_in]
+                xg = mv.PageFenced(xs.nbytes, at_end).put(xs)
+                bs = c.b[TILE * tb:TILE * te]
+                bg = mv.PageFenced(bs.nbytes, at_end).put(bs)
+                sg = mv.PageFenced(bs.nbytes, at_end).put(c.scale[TILE * tb:TILE * te]) if dtype == "q8" else None
+                yg = mv.PageFenced(4 * c.T * nout, at_end)
+                off = 4 * TILE * tb
+                fn(*mm.call_args(dtype, wg.addr - tb * tile_bytes, sg.addr - off if sg else None, xg.addr,
+                                 c.ldx, bg.addr - off, yg.addr - off, nout, c.T, c.n_in, tb, te))
+                ok &= bool(mv.same_bits(yg.get(np.float32).reshape(c.T, nout), exp).all())
+        return ok
+    _fork_run(child)
+
+
+def test_matmul_sme2_falls_back_to_neon():
+    """sme2 has no matmul kernels: build.py's lists resolve them to NEON's (exported and checked as neon's
+    EXTRA_OPS), and so does gpt2asm.kernels; every Arm family has the batched kernels (has_matmul)."""
+    sys.path.insert(0, str(ROOT))
+    import build
+    for d in MM_DTYPES:
+        assert build.kernel_symbol(f"matmul_{d}", "sme2") == f"gpt2asm_matmul_{d}_neon"
+        assert build.kernel_symbol(f"matmul_{d}", "neon") == f"gpt2asm_matmul_{d}_neon"
+        assert f"matmul_{d}" in build.EXTRA_OPS["aarch64"]["neon"]
+    if not IS_ARM:
+        return
+    from gpt2asm.kernels import Kernels, available_families
+    for fam in available_families():
+        k = Kernels(fam)
+        try:
+            assert k.has_matmul and not k.has_plan
+            assert k._symbol("matmul_q8") == "gpt2asm_matmul_q8_neon"
+        finally:
+            k.close()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -5,21 +5,28 @@ bit for bit -- for f32, f16 and q8 weights, every thread count, prompts of any l
 PREFILL_ROWS rows, a last chunk of one row), from an empty or a filled cache (and step() continues
 from it identically), natively and on the emulated AVX-512 CPU; the row jobs refuse what does not fit
 before any address reaches assembly; bad token lists raise typed errors and leave the state unchanged.
+
+Families without a plan executor (Arm: neon, sme2) prefill through Transformer.prefill_reference (kernel
+calls from Python, the matmul kernels over the rows): the same tests run on them (make test-arm64 /
+tools/arm64/run_tests.py, with shorter prompts under qemu), and natively the per-call path is checked on
+the x86 families too (test_prefill_reference_*).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from arm64_qemu import IS_ARM, qemu_config
 from gpt2asm import ContextOverflowError, InvalidArgumentError
-from gpt2asm.kernels import Kernels
+from gpt2asm.kernels import Kernels, Pool
 from gpt2asm.model import PREFILL_ROWS, Transformer
 from gpt2asm.quant import quantize_q8
 from gpt2asm.weights import load_weights, pad_vector, tile_matrix
 
 from test_plan import EmulatedAvx512, bits, emulator, q8_weights
 
-LENGTHS = [1, 2, 5, 7, 64, 130]
+EMULATED = IS_ARM and qemu_config() is not None          # numpy and the kernels run under qemu: slow
+LENGTHS = [1, 2, 5, 9, 20] if EMULATED else [1, 2, 5, 7, 64, 130]
 
 
 def prompt(n: int, seed: int = 0, vocab: int = 50257) -> list[int]:
@@ -38,10 +45,10 @@ def same_cache(a, b, n: int) -> bool:
 
 
 @pytest.fixture(scope="module", params=["f32", "f16", "q8"])
-def tiny(request, ckpt_tiny):
+def tiny(request, ckpt_tiny, families):
     """Weights of one dtype and the cached-step reference (-j 1) for every prompt length."""
     w = q8_weights(load_weights(ckpt_tiny, "f32")) if request.param == "q8" else load_weights(ckpt_tiny, request.param)
-    k = Kernels("avx2")
+    k = Kernels(families[0])
     model = Transformer(w, k)
     ref = {n: cached_steps(model, prompt(n, seed=n)) for n in LENGTHS}
     yield request.param, w, ref
@@ -104,6 +111,7 @@ def test_prefill_to_the_end_of_the_context(ckpt_tiny, families):
     k.close()
 
 
+@pytest.mark.skipif(EMULATED, reason="too slow under qemu (the kernel tests cover the widths)")
 def test_prefill_124m(ckpt_124m, families):
     """The real widths (768 / 3072 inputs, 12 heads, the 786-tile head) at -j 1 and 2, fp32, T = 40."""
     w = load_weights(ckpt_124m, "f32")
@@ -122,7 +130,7 @@ def test_prefill_124m(ckpt_124m, families):
 
 
 def test_prefill_without_matmul_falls_back_to_steps(ckpt_tiny, families):
-    """A family without the batched kernels (or without a plan executor: Arm) prefills by cached steps."""
+    """A family without the batched kernels prefills by cached steps."""
     w = load_weights(ckpt_tiny, "f32")
     k = Kernels(families[0])
     model = Transformer(w, k)
@@ -133,6 +141,46 @@ def test_prefill_without_matmul_falls_back_to_steps(ckpt_tiny, families):
     assert np.array_equal(bits(model.prefill(st, ids)), bits(want[-1]))
     assert st.prefill_plan is None and same_cache(st, want_st, 6)
     k.close()
+
+
+def per_call_kernels(fam: str, threads: int) -> Kernels:
+    """Kernels of fam on the path of a family without a plan executor (Arm's): single kernel calls from
+    Python, the Python Pool for threads > 1.  An x86 family is forced onto it (has_plan False)."""
+    k = Kernels(fam, threads)
+    if k.has_plan:
+        k.close()
+        k = Kernels(fam, 1)
+        k.has_plan, k.threads = False, threads
+        k.pool = Pool(threads) if threads > 1 else None
+    return k
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
+def test_prefill_reference_equals_cached_steps(ckpt_tiny, families, dtype):
+    """The per-call prefill (Transformer.prefill_reference: LayerNorm / attention / GELU kernel calls per
+    row, the matmul kernels over the rows with the tiles split over Kernels.run, numpy adds and cache
+    copies) on every family at -j 1 and 2, after a first prefill (pos > 0): the logits and KV cache of
+    cached steps, and step() continues identically.  Natively on x86 too (per_call_kernels)."""
+    w = q8_weights(load_weights(ckpt_tiny, "f32")) if dtype == "q8" else load_weights(ckpt_tiny, dtype)
+    head, body, tail = prompt(3, 11), prompt(13 if EMULATED else 37, 12), prompt(2, 13)
+    k1 = Kernels(families[0])
+    want, want_st = cached_steps(Transformer(w, k1), head + body + tail)
+    k1.close()
+    n = len(head + body)
+    for fam in families:
+        for threads in (1, 2):
+            k = per_call_kernels(fam, threads)
+            model = Transformer(w, k)
+            st = model.new_state()
+            model.prefill(st, head)
+            got = model.prefill(st, body)
+            assert st.n == n and st.prefill_plan is None and st.rows is not None    # the batched per-call path
+            assert np.array_equal(bits(got), bits(want[n - 1])), f"{dtype} {fam} -j {threads}: logits"
+            assert same_cache(st, want_st, n), f"{dtype} {fam} -j {threads}: KV cache"
+            after = np.stack([model.step(st, t).copy() for t in tail])
+            assert np.array_equal(bits(after), bits(want[n:])), f"{dtype} {fam} -j {threads}: steps after"
+            assert same_cache(st, want_st, len(want))
+            k.close()
 
 
 def test_prefill_errors_are_typed_and_change_nothing(ckpt_tiny, families):
@@ -157,6 +205,9 @@ def test_prefill_errors_are_typed_and_change_nothing(ckpt_tiny, families):
 
 def test_row_job_validation(families):
     k = Kernels(families[0], 2)
+    if not k.has_plan:
+        k.close()
+        pytest.skip(f"the {families[0]} family has no plan executor (no row jobs)")
     R, C = 8, 128
     W = tile_matrix(np.ones((C, 3 * C), np.float32))                   # c_attn of 2 heads: 6 tiles
     x, y = np.zeros((R, C), np.float32), np.zeros((R, 3 * C), np.float32)
@@ -220,6 +271,7 @@ def test_checked_matmul_equals_matvec_rows(families):
             k.close()
 
 
+@pytest.mark.skipif(IS_ARM, reason="x86-64 only (the AVX-512 emulator)")
 def test_prefill_on_the_emulated_avx512_plan(ckpt_tiny):
     """The prefill plan through gpt2asm_plan_run_avx512 (matmul_avx512 kernels) on the emulated CPU:
     the native cached steps' logits and cache, fp32 and q8, 5 tokens after 2."""

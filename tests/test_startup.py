@@ -385,8 +385,9 @@ def test_bulk_merge_checks_agree_with_the_detailed_ones(k):
 # the time to the first forward step
 
 def test_warm_start_to_first_step(ckpt_124m, tmp_path, monkeypatch):
-    """GPT2.load + one step on the 124M shape, warm (tile cache and tokenizer cache populated). ~0.14 s on
-    a quiet 2-core machine (the tokenizer ~0.04 s of it); the bound is loose for shared CI machines."""
+    """GPT2.load + one step on the 124M shape, warm: the tiles come mapped from the tile cache and the
+    tokenizer from its cache (~0.12 s on a quiet 2-core machine; timings are printed, not asserted:
+    `make bench` measures start-up)."""
     from gpt2asm import GPT2
     monkeypatch.setenv("GPT2ASM_CACHE", str(tmp_path / "cache"))
     GPT2.load(ckpt_124m).close()                                          # cold: writes both caches
@@ -395,6 +396,7 @@ def test_warm_start_to_first_step(ckpt_124m, tmp_path, monkeypatch):
         t0 = time.perf_counter()
         m = GPT2.load(ckpt_124m)
         t1 = time.perf_counter()
+        assert m.tokenizer.from_cache and m.model.resident.nbytes > 0      # both caches used
         m.model.step(m.model.new_state(), m.tokenizer.eot_id)
         t2 = time.perf_counter()
         m.close()
@@ -407,5 +409,4 @@ def test_warm_start_to_first_step(ckpt_124m, tmp_path, monkeypatch):
             best[k] = min(best.get(k, 1e9), v)
     print(f"\nwarm GPT2.load {best['load']:.3f} s + first step {best['step']:.3f} s; tokenizer from its "
           f"cache {best['tok_warm']:.3f} s, parsed {best['tok_parse']:.3f} s")
-    assert best["tok_warm"] < best["tok_parse"]
-    assert best["load"] + best["step"] < 1.0
+

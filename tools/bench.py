@@ -42,6 +42,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 PROMPT = "Alan Turing theorized that computers would one day become"
 LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8": "Q8_0"}
 WORKER_TIMEOUT = 1200
+READBW = {"x86_64": "gpt2asm_readbw_f32_avx2", "aarch64": "gpt2asm_readbw_f32_neon"}   # our read kernel
+
+
+def emulated() -> str:
+    """The emulator's CPU model when this Python runs under qemu-user (tools/arm64/python), else ''."""
+    return os.environ.get("QEMU_CPU", "") or os.environ.get("GPT2ASM_QEMU_CPU", "")
 
 
 # ==================================================================================================
@@ -54,9 +60,9 @@ def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
 
     import numpy as np
 
-    from gpt2asm.kernels import load_library
+    from gpt2asm.kernels import ARCH, load_library
     from gpt2asm.weights import aligned_empty
-    fn = load_library().gpt2asm_readbw_f32_avx2
+    fn = getattr(load_library(), READBW[ARCH])
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
     buf = aligned_empty(nbytes // 4, np.float32)
     buf[:] = 1.0
@@ -452,6 +458,9 @@ def main(argv=None) -> int:
              "compare ratios within this table.", "",
              "read bandwidth (our streaming-read kernel, 1 GiB; every measurement of the run, in order): "
              + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gbps')) for x in bw[j])} GB/s" for j in threads), ""]
+    if emulated():
+        lines += [f"**Emulated ({platform.machine()} under qemu-user, CPU `{emulated()}`): these figures measure "
+                  "the emulator, not the kernels — they mean nothing about speed on real hardware.**", ""]
     lines += table
     lines += ["", f"- tok/s @{t200}: greedy decode of tokens 2..{t200} after a 9-token prompt"
               + (f"; @{t800}: the 64 tokens ending at position {t800} of the same generation" if t800 else "")
