@@ -494,110 +494,62 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     present, otherwise the config is inferred from the shapes) and build the engine's arrays.
 
     dtype 'f16' stores the tiled matrices (blocks and output head) as float16; 'q8' as int8 with one float32
-    scale per output (gpt2asm.quant: Layer.attn_s, attn_proj_s, fc_s, proj_s, Weights.head_s); everything
-    else is float32.
+    scale per output (gpt2asm.quant.quantize_q8 / quantize_q8_head from the checkpoint's float32 values:
+    Layer.attn_s, attn_proj_s, fc_s, proj_s, Weights.head_s); everything else is float32.
     """
     if not isinstance(dtype, str) or dtype not in _ENGINE_DTYPES:
         raise InvalidArgumentError(f"dtype must be 'f32', 'f16' or 'q8', got {dtype!r}")
-    if dtype == "q8":
-        return _load_weights_q8(path)
     dt = np.dtype(_ENGINE_DTYPES[dtype])
+    half = dt == np.float16
     file, config_path = _resolve(path)
     ld = _Loader(SafetensorsFile(file), config_path)
     cfg = ld.config
+    if dtype == "q8":
+        from .quant import quantize_q8_head
+        matrix, head = ld.matrix_q8, quantize_q8_head                  # -> (int8 tiles, scales)
+    else:
+        matrix = lambda bare: (ld.matrix(bare, dt), None)              # noqa: E731
+        head = lambda src: (tile_head(src, dt), None)                  # noqa: E731
 
     layers = []
     for i in range(cfg.n_layer):
         p = f"h.{i}."
+        attn_w, attn_s = matrix(p + "attn.c_attn.weight")
+        attn_proj_w, attn_proj_s = matrix(p + "attn.c_proj.weight")
+        fc_w, fc_s = matrix(p + "mlp.c_fc.weight")
+        proj_w, proj_s = matrix(p + "mlp.c_proj.weight")
         layers.append(Layer(
             ln1_g=ld.vector(p + "ln_1.weight"),
             ln1_b=ld.vector(p + "ln_1.bias"),
-            attn_w=ld.matrix(p + "attn.c_attn.weight", dt),
+            attn_w=attn_w,                                  # [3C/64][C][64]
             attn_b=ld.vector(p + "attn.c_attn.bias"),
-            attn_proj_w=ld.matrix(p + "attn.c_proj.weight", dt),
+            attn_proj_w=attn_proj_w,                        # [C/64][C][64]
             attn_proj_b=ld.vector(p + "attn.c_proj.bias"),
             ln2_g=ld.vector(p + "ln_2.weight"),
             ln2_b=ld.vector(p + "ln_2.bias"),
-            fc_w=ld.matrix(p + "mlp.c_fc.weight", dt),
+            fc_w=fc_w,                                      # [4C/64][C][64]
             fc_b=ld.vector(p + "mlp.c_fc.bias"),
-            proj_w=ld.matrix(p + "mlp.c_proj.weight", dt),
+            proj_w=proj_w,                                  # [C/64][4C][64]
             proj_b=ld.vector(p + "mlp.c_proj.bias"),
+            attn_s=attn_s, attn_proj_s=attn_proj_s, fc_s=fc_s, proj_s=proj_s,   # q8 only
         ))
 
     tied = "lm_head.weight" not in ld.names
-    wte = ld.tensor("wte.weight", f16_target=tied and dt == np.float16)
+    wte = ld.tensor("wte.weight", f16_target=tied and half)
     wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
     if not wte_is_mapped:
         wte = _aligned_copy(wte)
-    head_src = wte if tied else ld.tensor("lm_head.weight", f16_target=dt == np.float16)
+    head_w, head_s = head(wte if tied else ld.tensor("lm_head.weight", f16_target=half))
 
     stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
     return Weights(
         config=cfg,
         dtype=dtype,
-        wte=wte,                                            # [V][C]
-        wpe=_aligned_copy(ld.tensor("wpe.weight")),         # [n_ctx][C]
-        ln_f_g=ld.vector("ln_f.weight"),                    # [C]
-        ln_f_b=ld.vector("ln_f.bias"),                      # [C]
-        head_w=tile_head(head_src, dt),                     # [V_pad/64][C][64]
-        head_b=None,
-        n_vocab_padded=-(-cfg.vocab_size // TILE) * TILE,
-        layers=layers,
-        tied_head=tied,
-        wte_is_mapped=wte_is_mapped,
-        path=file,
-        source_dtype="+".join(stored),
-    )
-
-
-def _load_weights_q8(path) -> Weights:
-    """load_weights(path, 'q8'): the four matrices of every block and the output head quantised to int8
-    (gpt2asm.quant.quantize_q8 / quantize_q8_head, from the float32 values of the checkpoint: exact for
-    F32 / F16, BF16 widened exactly), each with its float32 scales; wte, wpe and the vectors float32."""
-    from .quant import quantize_q8_head
-    file, config_path = _resolve(path)
-    ld = _Loader(SafetensorsFile(file), config_path)
-    cfg = ld.config
-
-    layers = []
-    for i in range(cfg.n_layer):
-        p = f"h.{i}."
-        attn_w, attn_s = ld.matrix_q8(p + "attn.c_attn.weight")
-        attn_proj_w, attn_proj_s = ld.matrix_q8(p + "attn.c_proj.weight")
-        fc_w, fc_s = ld.matrix_q8(p + "mlp.c_fc.weight")
-        proj_w, proj_s = ld.matrix_q8(p + "mlp.c_proj.weight")
-        layers.append(Layer(
-            ln1_g=ld.vector(p + "ln_1.weight"),
-            ln1_b=ld.vector(p + "ln_1.bias"),
-            attn_w=attn_w,
-            attn_b=ld.vector(p + "attn.c_attn.bias"),
-            attn_proj_w=attn_proj_w,
-            attn_proj_b=ld.vector(p + "attn.c_proj.bias"),
-            ln2_g=ld.vector(p + "ln_2.weight"),
-            ln2_b=ld.vector(p + "ln_2.bias"),
-            fc_w=fc_w,
-            fc_b=ld.vector(p + "mlp.c_fc.bias"),
-            proj_w=proj_w,
-            proj_b=ld.vector(p + "mlp.c_proj.bias"),
-            attn_s=attn_s, attn_proj_s=attn_proj_s, fc_s=fc_s, proj_s=proj_s,
-        ))
-
-    tied = "lm_head.weight" not in ld.names
-    wte = ld.tensor("wte.weight")
-    wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
-    if not wte_is_mapped:
-        wte = _aligned_copy(wte)
-    head_w, head_s = quantize_q8_head(wte if tied else ld.tensor("lm_head.weight"))
-
-    stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
-    return Weights(
-        config=cfg,
-        dtype="q8",
         wte=wte,                                            # [V][C] float32
         wpe=_aligned_copy(ld.tensor("wpe.weight")),         # [n_ctx][C]
         ln_f_g=ld.vector("ln_f.weight"),                    # [C]
         ln_f_b=ld.vector("ln_f.bias"),                      # [C]
-        head_w=head_w,                                      # int8 [V_pad/64][C][64]
+        head_w=head_w,                                      # [V_pad/64][C][64]
         head_b=None,
         n_vocab_padded=-(-cfg.vocab_size // TILE) * TILE,
         layers=layers,
@@ -605,5 +557,5 @@ def _load_weights_q8(path) -> Weights:
         wte_is_mapped=wte_is_mapped,
         path=file,
         source_dtype="+".join(stored),
-        head_s=head_s,                                      # float32 [V_pad]
+        head_s=head_s,                                      # q8 only
     )

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import sys
@@ -22,8 +23,16 @@ def pytest_sessionstart(session):
     test checkpoints go to a per-run folder, not the user's ~/.cache."""
     if "GPT2ASM_CACHE" not in os.environ:
         os.environ["GPT2ASM_CACHE"] = tempfile.mkdtemp(prefix="gpt2asm-test-cache-")
+        session.config._gpt2asm_cache = os.environ["GPT2ASM_CACHE"]
     if subprocess.run([sys.executable, str(ROOT / "build.py"), "--check"], capture_output=True).returncode:
         subprocess.run([sys.executable, str(ROOT / "build.py"), "-q"], check=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove the per-run tile cache (several GB: every test checkpoint x dtype)."""
+    d = getattr(session.config, "_gpt2asm_cache", None)
+    if d:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
