@@ -193,11 +193,25 @@ class Pool:
                 self._done.put(None)
 
     def run(self, fn, args: list[tuple]) -> None:
-        for q, a in zip(self._todo, args[1:]):
-            q.put((fn, a))
-        fn(*args[0])
-        for _ in args[1:]:
-            self._done.get()
+        """Returns (or raises) only once every worker finished its part: an exception or Ctrl-C on the
+        calling thread still waits for the kernels running on the others (they write the job's outputs),
+        so no completion of this job can be taken for one of the next."""
+        sent = 0
+        try:
+            for q, a in zip(self._todo, args[1:]):
+                q.put((fn, a))
+                sent += 1
+            fn(*args[0])
+        finally:
+            interrupted = None
+            while sent:
+                try:
+                    self._done.get()
+                    sent -= 1
+                except KeyboardInterrupt as e:     # a kernel call is short: keep waiting, then re-raise
+                    interrupted = e
+            if interrupted is not None:
+                raise interrupted
 
     def close(self) -> None:
         for q in self._todo:

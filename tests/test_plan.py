@@ -459,3 +459,27 @@ def test_q8_model_on_the_emulated_avx512_plan(tiny_q8, families):
         st = model.new_state()
         for i, t in enumerate(ids[:2]):
             assert np.array_equal(bits(model.step(st, t)), bits(ref[i])), f"emulated q8 step {i}"
+
+
+def test_python_pool_waits_for_its_workers_when_the_caller_fails():
+    """The Python pool (families without a plan executor): an exception (or Ctrl-C) in the caller's part
+    of a job still waits for the workers' parts, so no stale completion is left for the next job."""
+    from gpt2asm.kernels import Pool
+    done = []
+
+    def part(i, fail):
+        if fail:
+            raise KeyboardInterrupt
+        time.sleep(0.2)
+        done.append(i)
+
+    pool = Pool(3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(part, [(0, True), (1, False), (2, False)])
+        assert sorted(done) == [1, 2]                        # both workers finished before run returned
+        done.clear()
+        pool.run(part, [(0, False), (1, False), (2, False)])
+        assert sorted(done) == [0, 1, 2]                     # the next job waited for its own parts
+    finally:
+        pool.close()
