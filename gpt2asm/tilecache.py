@@ -428,10 +428,12 @@ def _check_table(table: list, expected: dict, extra_dtypes: tuple, data_off: int
 # --------------------------------------------------------------------------------------------------
 # writing
 
-def _cleanup_temps(root: Path) -> None:
+def cleanup_temps(root: Path, pattern: str = ".*.tiles.*.tmp") -> None:
+    """Remove the temp files (`pattern` in root) that interrupted writers left, once they are older than
+    TMP_MAX_AGE (a live writer's file is younger).  Also used for the tokenizer cache's temp files."""
     now = time.time()
     try:
-        for p in root.glob(".*.tiles.*.tmp"):
+        for p in root.glob(pattern):
             try:
                 if now - p.stat().st_mtime > TMP_MAX_AGE:
                     p.unlink()
@@ -505,7 +507,7 @@ def _write_cache(path: Path, key: dict, layout: Layout, w: W.Weights) -> None:
     fs = os.statvfs(path.parent)
     if fs.f_bavail * fs.f_frsize < size + FREE_MARGIN:
         raise OSError(errno.ENOSPC, f"not enough free disk space for {size} bytes")
-    _cleanup_temps(path.parent)
+    cleanup_temps(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         try:

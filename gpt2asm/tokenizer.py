@@ -28,11 +28,11 @@ import os
 import stat
 import struct
 import tempfile
-import time
 from pathlib import Path
 
 import regex
 
+from . import tilecache
 from .errors import InvalidArgumentError, TokenizerError
 
 EOT = "<|endoftext|>"
@@ -235,23 +235,14 @@ CACHE_MAGIC = b"G2ATOKEN"
 CACHE_FORMAT = 1
 _CACHE_PREFIX = struct.Struct("<8sII32sQ")      # magic, format, reserved, SHA-256 of the rest, header length
 _CACHE_MAX = 256 << 20                          # a bigger file is not ours
-_CACHE_OFF = {"off", "0", "no", "none", "false", "disabled"}      # as gpt2asm.tilecache.OFF
-_TMP_MAX_AGE = 3600                             # leftover temp files older than this are removed
 CACHE_MAX_FILES = 16                            # tokenizer caches kept per directory (least recently used go)
 _code_sha: str | None = None
 
 
 def cache_root(cache_dir=None) -> Path | None:
-    """The cache directory (the tile cache's): cache_dir, else $GPT2ASM_CACHE, else ~/.cache/gpt2asm;
-    None when off (cache_dir=False, or $GPT2ASM_CACHE=off)."""
-    if cache_dir is False:
-        return None
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("GPT2ASM_CACHE")
-    if env is not None:
-        return None if env.strip().lower() in _CACHE_OFF or not env.strip() else Path(env).expanduser()
-    return Path.home() / ".cache" / "gpt2asm"
+    """The cache directory (the tile cache's, tilecache.cache_root): cache_dir, else $GPT2ASM_CACHE, else
+    ~/.cache/gpt2asm; None when off (cache_dir=False, or $GPT2ASM_CACHE=off)."""
+    return None if cache_dir is False else tilecache.cache_root(cache_dir)
 
 
 def _cache_key(vocab_raw: bytes, merges_raw: bytes) -> dict:
@@ -319,7 +310,7 @@ def _write_cache(path: Path, key: dict, tokens: list[str], lines: list[str], blo
     body = b"".join((head, t, m, blob))
     data = _CACHE_PREFIX.pack(CACHE_MAGIC, CACHE_FORMAT, 0, hashlib.sha256(body).digest(), len(head)) + body
     path.parent.mkdir(parents=True, exist_ok=True)
-    _cleanup_temps(path.parent)
+    tilecache.cleanup_temps(path.parent, ".tokenizer-*.tok.*.tmp")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with open(fd, "wb") as f:
@@ -353,19 +344,6 @@ def _evict(keep: Path) -> None:
                 p.unlink()
             except OSError:
                 pass
-
-
-def _cleanup_temps(root: Path) -> None:
-    """Temp files of interrupted writers, once they are old."""
-    try:
-        for p in root.glob(".tokenizer-*.tok.*.tmp"):
-            try:
-                if time.time() - p.stat().st_mtime > _TMP_MAX_AGE:
-                    p.unlink()
-            except OSError:
-                pass
-    except OSError:
-        pass
 
 
 class Tokenizer:

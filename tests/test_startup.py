@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpt2asm import tilecache
 from gpt2asm import tokenizer as T
 from gpt2asm.errors import TokenizerError
 from gpt2asm.tokenizer import BYTE_ENCODER, EOT, Tokenizer
@@ -280,7 +281,7 @@ def test_old_temp_files_are_removed(tokenizer_dir, cdir):
     cdir.mkdir()
     old = cdir / ".tokenizer-x.F1.tok.abc.tmp"
     old.write_bytes(b"junk")
-    os.utime(old, (time.time() - 2 * T._TMP_MAX_AGE,) * 2)
+    os.utime(old, (time.time() - 2 * tilecache.TMP_MAX_AGE,) * 2)
     young = cdir / ".tokenizer-y.F1.tok.abc.tmp"
     young.write_bytes(b"being written")
     Tokenizer.from_dir(tokenizer_dir, cache_dir=cdir)
