@@ -815,21 +815,27 @@ class Kernels:
         else:
             self.pool.run(fn, args)
 
-    def matvec_job(self, w: np.ndarray, x: int, b: int | None, y: int, n_in: int, n_tiles: int,
-                   scale: int | None = None):
-        """(fn, per-thread args) for y = W x + b (int8 w: y = (Q x) * scale + b), tiles split across the
-        threads.  Addresses are prevalidated; scale is required iff w is int8."""
-        parts = self.threads if self.pool else 1
-        ranges = split(n_tiles, parts)
+    def _kernel(self, op: str, w: np.ndarray, scale: int | None):
+        """gpt2asm_<op>_<dtype> for w's dtype (op 'matvec' or 'matmul'): int8 weights need their scales
+        (an address: the per-call paths pass prevalidated arrays), other weights take none."""
         if w.dtype == np.int8:
             if not self.has_q8:
                 raise KernelUnavailableError(f"the {self.family} family has no int8 kernels in this library")
             if scale is None:
                 raise InvalidArgumentError("int8 weights need their scales")
-            return self.matvec_q8, [(addr(w), scale, x, b, y, n_in, t0, t1) for t0, t1 in ranges]
+            return getattr(self, op + "_q8")
         if scale is not None:
             raise InvalidArgumentError(f"a scale goes only with int8 weights, not {w.dtype}")
-        fn = self.matvec_f16 if w.dtype == np.float16 else self.matvec_f32
+        return getattr(self, op + ("_f16" if w.dtype == np.float16 else "_f32"))
+
+    def matvec_job(self, w: np.ndarray, x: int, b: int | None, y: int, n_in: int, n_tiles: int,
+                   scale: int | None = None):
+        """(fn, per-thread args) for y = W x + b (int8 w: y = (Q x) * scale + b), tiles split across the
+        threads.  Addresses are prevalidated; scale is required iff w is int8."""
+        fn = self._kernel("matvec", w, scale)
+        ranges = split(n_tiles, self.threads if self.pool else 1)
+        if scale is not None:
+            return fn, [(addr(w), scale, x, b, y, n_in, t0, t1) for t0, t1 in ranges]
         return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in ranges]
 
     def matmul_job(self, w: np.ndarray, x: int, ldx: int, b: int | None, y: int, ldy: int, n_tok: int,
@@ -838,12 +844,10 @@ class Kernels:
         with its scales), the tiles split across the threads.  Addresses are prevalidated."""
         if not self.has_matmul:
             raise KernelUnavailableError(f"the {self.family} family has no batched (matmul) kernels")
+        fn = self._kernel("matmul", w, scale)
         ranges = split(n_tiles, self.threads if self.pool else 1)
-        if (w.dtype == np.int8) != (scale is not None):
-            raise InvalidArgumentError("int8 weights need their scales, other weights take none")
-        if w.dtype == np.int8:
-            return self.matmul_q8, [(addr(w), scale, x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
-        fn = self.matmul_f16 if w.dtype == np.float16 else self.matmul_f32
+        if scale is not None:
+            return fn, [(addr(w), scale, x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
         return fn, [(addr(w), x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
 
     def attention_job(self, q: int, k: int, v: int, out: int, scratch: list[int], n_pos: int,
