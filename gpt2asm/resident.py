@@ -53,7 +53,7 @@ def _mem_available() -> int | None:
     return None
 
 
-def _slots(w) -> list[tuple[object, str]]:
+def matrix_slots(w) -> list[tuple[object, str]]:
     """(owner, attribute) of every tiled matrix and scale vector of a Weights object."""
     names = ("attn_w", "attn_proj_w", "fc_w", "proj_w", "attn_s", "attn_proj_s", "fc_s", "proj_s")
     out = [(L, n) for L in w.layers for n in names]
@@ -72,7 +72,7 @@ def _copy(src: np.ndarray) -> np.ndarray:
 class Resident:
     def __init__(self, weights, start: bool = True):
         self.w = weights
-        self.todo = [(o, n) for o, n in _slots(weights)
+        self.todo = [(o, n) for o, n in matrix_slots(weights)
                      if isinstance(getattr(o, n, None), np.ndarray) and is_mapped(getattr(o, n))]
         self.nbytes = sum(getattr(o, n).nbytes for o, n in self.todo)
         self.copies: list[np.ndarray] | None = None

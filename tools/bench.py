@@ -127,11 +127,10 @@ def w_startup(model: str, dtype: str, cache: str) -> dict:
 
 def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_len: int, cache: str) -> dict:
     import numpy as np
+
+    from gpt2asm.resident import matrix_slots
     m, load_s, detail = _build(Path(model), dtype, isa, threads, cache)
-    w = m.model.w
-    mats = [w.head_w] + [a for L in w.layers for a in (L.attn_w, L.attn_proj_w, L.fc_w, L.proj_w)]
-    mats += [getattr(w, "head_s", None)] + [getattr(L, n, None) for L in w.layers
-                                           for n in ("attn_s", "attn_proj_s", "fc_s", "proj_s")]
+    mats = [getattr(o, n, None) for o, n in matrix_slots(m.model.w)]          # matrices and int8 scales
     nbytes = sum(a.nbytes for a in mats if a is not None)
     out = {"weight_bytes": nbytes, "load_s": load_s, **detail}
     # decode runs from anonymous memory: wait for the background copy of the mapped tiles (resident.py;
@@ -187,9 +186,8 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         for t in pids:
             logits = m.model.step(st, t)
         out["steps_ttft_s"] = time.perf_counter() - t0
-        if hasattr(m.model, "prefill"):
-            pre = m.model.prefill(m.model.new_state(), pids)
-            out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
+        pre = m.model.prefill(m.model.new_state(), pids)
+        out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
     m.close()
     return out
 
@@ -398,7 +396,6 @@ def main(argv=None) -> int:
     phases.pop("done")
 
     # ---------------------------------------------------------------------------------------------
-    gbps = {j: best(bw[j], "gbps") for j in threads}
     res["phase_seconds"] = phases
     res["read_gbps"] = {j: [r.get("gbps") for r in bw[j]] for j in threads}
     res["startup"] = startup
@@ -411,7 +408,7 @@ def main(argv=None) -> int:
     hdr = ["kernels", "dtype", "-j", f"tok/s @{t200}"]
     hdr += [f"tok/s @{t800}", f"@{t800}/@{t200}"] if t800 else []
     hdr += [
-        f"TTFT {prompt_len} s", f"steps/TTFT", "Python %", "start-up cold / warm s (weights only)",
+        f"TTFT {prompt_len} s", "steps/TTFT", "Python %", "start-up cold / warm s (weights only)",
         "bound tok/s", "ours/bound",
         "llama.cpp tok/s", "ours/llama.cpp", f"llama.cpp TTFT {prompt_len} s",
         "PyTorch tok/s", "ours/PyTorch", f"PyTorch TTFT {prompt_len} s"]
