@@ -173,7 +173,7 @@ class GPT2:
             weights = load_weights(d, dtype)
             tok = Tokenizer.from_dir(d)
             model = Transformer(weights, kernels)
-            model.start_resident()        # tiles mapped from the tile cache: copied to RAM in the background
+            model.start_resident()        # the matrices packed into one buffer of RAM in the background
             return cls(model, tok, d)
         except BaseException:
             kernels.close()

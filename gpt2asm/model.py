@@ -52,7 +52,7 @@ class Transformer:
         self._validate()
         self.n_tiles_head = -(-self.cfg.vocab_size // 64)
         self.arrays = object()          # identity of the weight arrays the states' plans point at
-        self.resident = None            # a resident.Resident copying file-mapped matrices (start_resident)
+        self.resident = None            # a resident.Resident packing the matrices into one buffer (start_resident)
 
     def start_resident(self) -> None:
         """Copy the file-mapped matrices (a warm tile cache) into anonymous memory in the background;

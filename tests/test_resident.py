@@ -1,6 +1,7 @@
-"""gpt2asm/resident.py: file-mapped tiles (a warm tile cache) copied into anonymous memory in the background
-and adopted between steps.  The copies are the same bytes, so the logits never change; plans built over
-the mapped arrays are rebuilt; nothing is copied when disabled or when nothing is mapped."""
+"""gpt2asm/resident.py: the matrices (file-mapped tiles of a warm tile cache, or the separate arrays of a cold
+load) packed into one buffer of anonymous memory in the background and adopted between steps.  The copies
+are the same bytes, so the logits never change; plans built over the old arrays are rebuilt; nothing is
+copied when disabled or when the matrices are already packed."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from gpt2asm import tilecache
 from gpt2asm.kernels import Kernels
 from gpt2asm.model import Transformer
-from gpt2asm.resident import Resident, is_mapped
+from gpt2asm.resident import Resident, is_mapped, is_packed, matrix_slots
 from gpt2asm.weights import load_weights
 
 MATS = ("attn_w", "attn_proj_w", "fc_w", "proj_w")
@@ -17,6 +18,10 @@ MATS = ("attn_w", "attn_proj_w", "fc_w", "proj_w")
 
 def mats(w):
     return [getattr(L, n) for L in w.layers for n in MATS] + [w.head_w]
+
+
+def slots(w):
+    return [a for a in (getattr(o, n) for o, n in matrix_slots(w)) if a is not None]
 
 
 def warm(ckpt, cdir, dtype):
@@ -50,6 +55,7 @@ def test_adopted_copies_give_the_same_logits(ckpt_tiny, tmp_path, dtype, threads
         m.resident.wait(60)
         out += [m.step(s, t).copy() for t in ids[1:]]       # adopted at the next step
         assert m.resident.adopted and not any(is_mapped(a) for a in mats(w))
+        assert is_packed(slots(w))
         assert s.plan is not old_plan                       # rebuilt over the copies
         assert np.array_equal(np.stack(out).view(np.uint32), ref.view(np.uint32))
         for a in mats(w):
@@ -67,8 +73,16 @@ def test_disabled_or_nothing_mapped(ckpt_tiny, tmp_path, monkeypatch):
     assert r.reason == "$GPT2ASM_RESIDENT=0" and r.done and not r.poll()
     assert all(is_mapped(a) for a in mats(w))
     monkeypatch.delenv("GPT2ASM_RESIDENT")
-    r = Resident(load_weights(ckpt_tiny, "f32"))            # cold weights: already anonymous memory
-    assert r.reason == "no file-mapped matrices" and r.nbytes == 0 and not r.poll()
+    cold = load_weights(ckpt_tiny, "f32")                   # cold weights: separate arrays, packed as well
+    before = [a.copy() for a in slots(cold)]
+    assert not is_packed(slots(cold))
+    r = Resident(cold)
+    assert r.reason == "" and r.nbytes == sum(a.nbytes for a in before)
+    r.wait(60)
+    assert r.poll() and is_packed(slots(cold))
+    assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(slots(cold), before))
+    r = Resident(cold)                                      # already packed: nothing to do
+    assert r.reason == "already packed" and r.nbytes == 0 and r.done and not r.poll()
 
 
 def test_not_enough_memory_keeps_the_mapping(ckpt_tiny, tmp_path, monkeypatch):
@@ -87,7 +101,7 @@ def test_copy_failure_keeps_running_from_the_mapping(ckpt_tiny, tmp_path, monkey
 
     def boom(a):
         raise MemoryError("no memory")
-    monkeypatch.setattr(R, "_copy", boom)
+    monkeypatch.setattr(R, "_pack", boom)
     w = warm(ckpt_tiny, tmp_path, "f32")
     k = Kernels(None, 1)
     try:
