@@ -20,6 +20,7 @@ A prompt is prefilled layer by layer (prefill): a second plan runs each layer ov
 tokens at once -- LayerNorm rows, the batched matmul kernels (every (token, output) the matvec's
 operation sequence; c_attn's keys and values straight into the cache), attention rows (row t over
 positions 0..pos+t) -- and then the LM head for the last token only: the same bits as one step per token.
+The full-prefix forward (GPT2.logits) runs the same row plan, then LayerNorm f and the head over every row.
 
 `step_reference` is the same computation as a sequence of single kernel calls from Python (numpy for the
 adds and cache copies): the reference the plan is tested against, the per-kernel comparison of the
@@ -33,7 +34,7 @@ import numpy as np
 
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
 from .kernels import HEAD_DIM, Kernels, Plan, addr, check
-from .state import State
+from .state import State, zeros
 from .weights import Weights
 
 JOBS_PER_LAYER = 4
@@ -226,34 +227,39 @@ class Transformer:
         return s.logits_view
 
     def forward(self, tokens: list[int]) -> np.ndarray:
-        """Full-prefix forward from an empty cache, layer by layer over all tokens (a different loop
-        order from cached steps, same per-output operations): logits [T][vocab] for every position."""
-        T, C, V = len(tokens), self.cfg.n_embd, self.cfg.vocab_size
+        """Full-prefix forward from an empty cache: logits [T][vocab] for every position.  The prefill's
+        row jobs over up to PREFILL_ROWS tokens per run, then LayerNorm f and the LM head (a matmul) over
+        the same rows: each output the same operations as in cached steps, so the same bits."""
+        T, V = len(tokens), self.cfg.vocab_size
         if T > self.cfg.n_ctx:
             raise ContextOverflowError(T, self.cfg.n_ctx)
         tokens = [int(t) for t in tokens]
         for t in tokens:
             if not 0 <= t < V:
                 raise InvalidArgumentError(f"token id {t} out of range 0..{V - 1}")
-        if not self.k.has_plan:
+        if self.resident is not None:
+            self._adopt()
+        if not (self.k.has_plan and self.k.has_matmul):
             return self._forward_reference(tokens)
-        s = self.new_state()
-        p = self.build_plan(s, embed=False)
-        xs = np.empty((T, C), np.float32)                                  # residual stream per token
-        for t, tok in enumerate(tokens):
-            np.add(self.w.wte[tok], self.w.wpe[t], out=xs[t])              # the same exact adds
-        L = self.cfg.n_layer
-        for i in range(L):
-            for t in range(T):
-                s.x[:] = xs[t]
-                p.set_step(tokens[t], t)
-                self.k.run_plan(p, JOBS_PER_LAYER * i, JOBS_PER_LAYER * (i + 1))
-                xs[t] = s.x
+        cfg, w, s = self.cfg, self.w, self.new_state()
+        R = min(T, PREFILL_ROWS)
+        p, r = self._prefill_plan(s), s.rows
+        logits = zeros((R, self.n_tiles_head * 64))                         # [R][vocab padded]
+        head = self.k.new_plan()
+        head.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                   # h = ln_f(x)
+        head.matmul(w.head_w, r.h, w.head_b, logits, scale=scale(w, "head"))  # logits = h W_head
+        head = head.build()
+        wte, wpe = w.wte.reshape(V, -1), w.wpe.reshape(cfg.n_ctx, -1)
         out = np.empty((T, V), np.float32)
-        for t in range(T):
-            s.x[:] = xs[t]
-            self.k.run_plan(p, JOBS_PER_LAYER * L, JOBS_PER_LAYER * L + 1)
-            out[t] = s.logits[:V]
+        for c0 in range(0, T, R):
+            n, pos = min(R, T - c0), c0
+            np.add(wte[tokens[c0:c0 + n]], wpe[pos:pos + n], out=r.x[:n])   # x[t] = wte[token] + wpe[pos + t]
+            p.set_rows(n, pos)
+            self.k.run_plan(p)                                              # every layer over the n rows
+            head.set_rows(n, pos)
+            self.k.run_plan(head)
+            out[c0:c0 + n] = logits[:n, :V]
+            s.n = pos + n
         return out
 
     # -- the per-call reference path -----------------------------------------------------------------
