@@ -1,0 +1,181 @@
+/*
+ * asm/x86_64/matmul_body.h -- the driver of the batched matmul kernels, shared by matmul_avx2.S and
+ * matmul_avx512.S: argument set-up, the tile loop, the K-chunks of each tile and the blocks of 6 tokens
+ * (then 1..5); the ISA's own `mm_block dt, mt` computes the tile's outputs for one block of tokens.
+ *
+ * Before including it, a kernel file defines DT_F32 / DT_F16 / DT_Q8, the macros mm_block and mm_exit
+ * (the register clean-up and ret), and sets
+ * (per weight type, before expanding matmul_body) ROWB (bytes per weight row), RB (its log2) and KCMAX
+ * (rows per chunk at most).  See matmul_avx2.S for the blocking and the register use.
+ */
+#ifndef GPT2ASM_X86_MATMUL_BODY_H
+#define GPT2ASM_X86_MATMUL_BODY_H
+
+        /* stack frame (after the 6 pushes): */
+        .set    NTOK, 0                         // n_tokens
+        .set    XCH, 8                          // X + k0 (the current chunk of rows' first input)
+        .set    YT, 16                          // y + 64*tile
+        .set    KFIRST, 24                      // 1 if the chunk starts at row 0
+        .set    KLAST, 32                       // 1 if the chunk ends at row n_in
+        .set    NIN, 40                         // n_in
+        .set    K0, 48                          // first row of the chunk
+        .set    WT, 56                          // the current tile
+        .set    X0, 64                          // X
+        .set    KCE, 72                         // rows per chunk: ceil(n_in / ceil(n_in / KCMAX))
+        .set    FRAME, 80
+
+        /* the whole kernel; \dt selects the weight type */
+        .macro  matmul_body dt
+        pushq   %rbx
+        pushq   %rbp
+        pushq   %r12
+        pushq   %r13
+        pushq   %r14
+        pushq   %r15
+        subq    $FRAME, %rsp
+        .if \dt == DT_Q8
+        /* (w, scale, x, ldx, b, y, | ldy, n_tokens, n_in, tile_begin, tile_end) */
+        movq    %rsi, %rbp
+        movq    %rdx, %rsi
+        movq    %rcx, %rdx
+        movq    %r8, %rcx
+        movq    %r9, %r8
+        movq    FRAME+56(%rsp), %r9
+        .set    ARG, FRAME+64                   // n_tokens
+        .else
+        /* (w, x, ldx, b, y, ldy, | n_tokens, n_in, tile_begin, tile_end) */
+        .set    ARG, FRAME+56
+        .endif
+        shlq    $2, %rdx                        // ldx in bytes
+        shlq    $2, %r9                         // ldy in bytes
+        movq    ARG(%rsp), %r13                 // n_tokens
+        movq    ARG+8(%rsp), %r12               // n_in
+        movq    ARG+16(%rsp), %r10              // tile_begin
+        movq    ARG+24(%rsp), %r15              // tile_end
+        subq    %r10, %r15                      // tiles
+        jbe     .Lret\@
+        testq   %r13, %r13
+        jz      .Lret\@
+        movq    %r13, NTOK(%rsp)
+        movq    %r12, NIN(%rsp)
+        movq    %rdx, %r11                      // (div uses rdx)
+        leaq    KCMAX-1(%r12), %rax
+        xorl    %edx, %edx
+        movl    $KCMAX, %ebx
+        divq    %rbx                            // chunks = ceil(n_in / KCMAX)
+        movq    %rax, %rbx
+        leaq    -1(%r12,%rbx), %rax
+        xorl    %edx, %edx
+        divq    %rbx                            // rows per chunk = ceil(n_in / chunks)
+        movq    %rax, KCE(%rsp)
+        movq    %r11, %rdx
+        movq    %rsi, X0(%rsp)
+        movq    %r10, %r11
+        shlq    $8, %r11                        // 256 bytes of y / b / scale per tile
+        addq    %r11, %r8
+        movq    %r8, YT(%rsp)                   // y + 64*tile_begin
+        .if \dt == DT_Q8
+        addq    %r11, %rbp
+        .endif
+        testq   %rcx, %rcx
+        jz      1f
+        addq    %r11, %rcx
+1:
+        imulq   %r12, %r10
+        shlq    $RB, %r10                       // tile_begin * n_in rows of ROWB bytes
+        addq    %r10, %rdi
+        .p2align 4
+.Ltile\@:
+        movq    %rdi, WT(%rsp)
+        movq    $0, K0(%rsp)
+.Lchunk\@:                                      // rows k0 .. k0+kc-1 of the tile, kc <= KC
+        movq    NIN(%rsp), %r12
+        movq    K0(%rsp), %rax
+        subq    %rax, %r12                      // rows left
+        xorl    %ebx, %ebx
+        cmpq    KCE(%rsp), %r12
+        jbe     2f
+        movq    KCE(%rsp), %r12                 // kc
+        jmp     3f
+2:
+        movl    $1, %ebx                        // the last chunk
+3:
+        movq    %rbx, KLAST(%rsp)
+        xorl    %ebx, %ebx
+        testq   %rax, %rax
+        sete    %bl
+        movq    %rbx, KFIRST(%rsp)
+        movq    %rax, %r10
+        shlq    $RB, %r10
+        movq    WT(%rsp), %rdi
+        addq    %r10, %rdi                      // row k0 of the tile
+        leaq    (,%rax,4), %r10
+        addq    X0(%rsp), %r10
+        movq    %r10, XCH(%rsp)                 // input k0 of token 0
+        movq    XCH(%rsp), %rsi
+        movq    YT(%rsp), %r8
+        movq    NTOK(%rsp), %r13
+        cmpq    $6, %r13
+        jb      .Ltail\@
+        .p2align 4
+.Lblock\@:                                      // blocks of 6 tokens
+        mm_block \dt, 6
+        leaq    (%rdx,%rdx,2), %r10
+        leaq    (%rsi,%r10,2), %rsi             // X += 6 rows
+        leaq    (%r9,%r9,2), %r10
+        leaq    (%r8,%r10,2), %r8               // y += 6 rows
+        subq    $6, %r13
+        cmpq    $6, %r13
+        jae     .Lblock\@
+.Ltail\@:                                       // 0 .. 5 tokens left
+        cmpq    $3, %r13
+        je      .Lt3\@
+        ja      .Lt45\@
+        cmpq    $1, %r13
+        je      .Lt1\@
+        jb      .Lnextk\@
+        mm_block \dt, 2
+        jmp     .Lnextk\@
+.Lt1\@:
+        mm_block \dt, 1
+        jmp     .Lnextk\@
+.Lt3\@:
+        mm_block \dt, 3
+        jmp     .Lnextk\@
+.Lt45\@:
+        cmpq    $4, %r13
+        jne     .Lt5\@
+        mm_block \dt, 4
+        jmp     .Lnextk\@
+.Lt5\@:
+        mm_block \dt, 5
+.Lnextk\@:
+        addq    %r12, K0(%rsp)
+        cmpq    $0, KLAST(%rsp)
+        je      .Lchunk\@
+        movq    NIN(%rsp), %r10
+        shlq    $RB, %r10
+        movq    WT(%rsp), %rdi
+        addq    %r10, %rdi                      // next tile
+        addq    $256, YT(%rsp)
+        .if \dt == DT_Q8
+        addq    $256, %rbp
+        .endif
+        testq   %rcx, %rcx
+        jz      4f
+        addq    $256, %rcx
+4:
+        decq    %r15
+        jnz     .Ltile\@
+.Lret\@:
+        addq    $FRAME, %rsp
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbp
+        popq    %rbx
+        mm_exit
+        .endm
+
+#endif
