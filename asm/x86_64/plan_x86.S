@@ -483,20 +483,28 @@ prefetch_kv:
         mv_call \isa
         .endm
 
-        /* the matvec kernel of the job's dtype: (w = rdi, x = rsi, b = rdx, y = rcx, n_in = r8,
-         * tile_begin = r9, tile_end = 0(%rsp)), and for q8 the scales in r10: the arguments move to
-         * gpt2asm_matvec_q8's order (w, scale, x, b, y, n_in, tile_begin, tile_end) */
-        .macro  mv_call isa
+        /* the \op kernel of the job's dtype (FL_F16, FL_Q8 in its flags): gpt2asm_\op_f32 / _f16 with
+         * the arguments as they are, gpt2asm_\op_q8 after the macro \q8args has moved them (and the
+         * scales, in r10) into its order */
+        .macro  dtype_call op, isa, q8args
         testl   $(FL_F16|FL_Q8), J_FLAGS(%r14)
-        jnz     .Lmv1\@
-        xcall   gpt2asm_matvec_f32_\isa
-        jmp     .Lmv3\@
-.Lmv1\@:
+        jnz     .Ldt1\@
+        xcall   gpt2asm_\op\()_f32_\isa
+        jmp     .Ldt3\@
+.Ldt1\@:
         testl   $FL_F16, J_FLAGS(%r14)
-        jz      .Lmv2\@
-        xcall   gpt2asm_matvec_f16_\isa
-        jmp     .Lmv3\@
-.Lmv2\@:
+        jz      .Ldt2\@
+        xcall   gpt2asm_\op\()_f16_\isa
+        jmp     .Ldt3\@
+.Ldt2\@:
+        \q8args
+        xcall   gpt2asm_\op\()_q8_\isa
+.Ldt3\@:
+        .endm
+
+        /* matvec (w = rdi, x = rsi, b = rdx, y = rcx, n_in = r8, tile_begin = r9, tile_end = 0(%rsp))
+         * -> gpt2asm_matvec_q8's (w, scale, x, b, y, n_in, tile_begin, tile_end) */
+        .macro  mv_q8_args
         movq    0(%rsp), %rax
         movq    %rax, 8(%rsp)                   /* tile_end */
         movq    %r9, 0(%rsp)                    /* tile_begin */
@@ -505,24 +513,11 @@ prefetch_kv:
         movq    %rdx, %rcx                      /* b */
         movq    %rsi, %rdx                      /* x */
         movq    %r10, %rsi                      /* scale */
-        xcall   gpt2asm_matvec_q8_\isa
-.Lmv3\@:
         .endm
 
-        /* the matmul kernel of the job's dtype: (w = rdi, x = rsi, ldx = rdx, b = rcx, y = r8,
-         * ldy = r9, n_tokens, n_in, tile_begin, tile_end = 0, 8, 16, 24(%rsp)), and for q8 the scales
-         * in r10: the arguments move to gpt2asm_matmul_q8's order (w, scale, x, ldx, b, y, ldy, ...) */
-        .macro  mm_call isa
-        testl   $(FL_F16|FL_Q8), J_FLAGS(%r14)
-        jnz     .Lmm1\@
-        xcall   gpt2asm_matmul_f32_\isa
-        jmp     .Lmm3\@
-.Lmm1\@:
-        testl   $FL_F16, J_FLAGS(%r14)
-        jz      .Lmm2\@
-        xcall   gpt2asm_matmul_f16_\isa
-        jmp     .Lmm3\@
-.Lmm2\@:
+        /* matmul (w = rdi, x = rsi, ldx = rdx, b = rcx, y = r8, ldy = r9, n_tokens, n_in, tile_begin,
+         * tile_end = 0, 8, 16, 24(%rsp)) -> gpt2asm_matmul_q8's (w, scale, x, ldx, b, y, ldy, ...) */
+        .macro  mm_q8_args
         movq    24(%rsp), %rax
         movq    %rax, 32(%rsp)                  /* tile_end */
         movq    16(%rsp), %rax
@@ -537,8 +532,14 @@ prefetch_kv:
         movq    %rdx, %rcx                      /* ldx */
         movq    %rsi, %rdx                      /* x */
         movq    %r10, %rsi                      /* scale */
-        xcall   gpt2asm_matmul_q8_\isa
-.Lmm3\@:
+        .endm
+
+        .macro  mv_call isa
+        dtype_call matvec, \isa, mv_q8_args
+        .endm
+
+        .macro  mm_call isa
+        dtype_call matmul, \isa, mm_q8_args
         .endm
 
         .macro  plan_family isa
