@@ -27,8 +27,6 @@ Run:  pytest tests/test_kernels_matmul.py
 from __future__ import annotations
 
 import ctypes
-import os
-import signal
 import sys
 import threading
 import time
@@ -43,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import test_kernels_matvec as mv                                     # noqa: E402
 import test_kernels_q8 as q8t                                        # noqa: E402
 from test_kernels_matvec import TILE, Y_FILL, Guarded, PageFenced, cpu_isas, fma32, same_bits  # noqa: E402
+from forked import run_forked                                        # noqa: E402
 
 ISAS = ("avx2", "avx512")
 DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8}
@@ -424,8 +423,6 @@ def test_page_guards_overread():
     todo = [(d, i) for d, i in VARIANTS if i in have]
     if not todo:
         pytest.skip("no variant runs natively")
-    if not hasattr(os, "fork"):
-        pytest.skip("needs fork")
     rng = np.random.default_rng(61)
     jobs = []
     for dtype, isa in todo:
@@ -433,37 +430,29 @@ def test_page_guards_overread():
                                          (130, 3, 6, 1, 2, 5), (3, 1, 5, 0, 1, 0)):
             c = Case(rng, dtype, n_in, nt, T, ldx_pad=pad)
             jobs.append((dtype, isa, c, tb, te, contract_ref(c, tb, te)))
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for dtype, isa, c, tb, te, exp in jobs:
-                fn = getattr(lib, symbol(dtype, isa))
-                tile_bytes = c.wt[0].nbytes
-                nout = TILE * (te - tb)
-                for at_end in (True, False):
-                    sub = np.ascontiguousarray(c.wt[tb:te])
-                    wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)
-                    xs = c.X.reshape(-1)[:(c.T - 1) * c.ldx + c.n_in]
-                    xg = PageFenced(xs.nbytes, at_end).put(xs)
-                    bs = c.b[TILE * tb:TILE * te]
-                    bg = PageFenced(bs.nbytes, at_end).put(bs)
-                    sg = (PageFenced(bs.nbytes, at_end).put(c.scale[TILE * tb:TILE * te])
-                          if dtype == "q8" else None)
-                    yg = PageFenced(4 * c.T * nout, at_end)          # Y rows of exactly the range: ldy = nout
-                    off = 4 * TILE * tb
-                    fn(*call_args(dtype, wg.addr - tb * tile_bytes, sg.addr - off if sg else None, xg.addr,
-                                  c.ldx, bg.addr - off, yg.addr - off, nout, c.T, c.n_in, tb, te))
-                    if not same_bits(yg.get(np.float32).reshape(c.T, nout), exp).all():
-                        code = 3
-        except Exception:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
-                    "it read or wrote outside its buffers")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+    def child() -> bool:
+        ok = True
+        for dtype, isa, c, tb, te, exp in jobs:
+            fn = getattr(lib, symbol(dtype, isa))
+            tile_bytes = c.wt[0].nbytes
+            nout = TILE * (te - tb)
+            for at_end in (True, False):
+                sub = np.ascontiguousarray(c.wt[tb:te])
+                wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)
+                xs = c.X.reshape(-1)[:(c.T - 1) * c.ldx + c.n_in]
+                xg = PageFenced(xs.nbytes, at_end).put(xs)
+                bs = c.b[TILE * tb:TILE * te]
+                bg = PageFenced(bs.nbytes, at_end).put(bs)
+                sg = (PageFenced(bs.nbytes, at_end).put(c.scale[TILE * tb:TILE * te])
+                      if dtype == "q8" else None)
+                yg = PageFenced(4 * c.T * nout, at_end)          # Y rows of exactly the range: ldy = nout
+                off = 4 * TILE * tb
+                fn(*call_args(dtype, wg.addr - tb * tile_bytes, sg.addr - off if sg else None, xg.addr,
+                              c.ldx, bg.addr - off, yg.addr - off, nout, c.T, c.n_in, tb, te))
+                ok &= bool(same_bits(yg.get(np.float32).reshape(c.T, nout), exp).all())
+        return ok
+    run_forked(child)
 
 
 def test_avx512_uses_only_avx512f():

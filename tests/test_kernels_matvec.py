@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # GPT2ASM_TEST_LIB=path tests a library built elsewhere (nothing is built then)
 LIB_PATH = Path(os.environ.get("GPT2ASM_TEST_LIB") or ROOT / "gpt2asm" / "libgpt2asm.so")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from forked import run_forked  # noqa: E402
 
 GUARD = 4096                         # canary bytes before and after every buffer
 TILE = 64                            # outputs per tile
@@ -567,6 +568,7 @@ def test_readbw_probe():
         g.check("gpt2asm_readbw_f32_avx2")
 
 
+
 # ---- over-read checks with PROT_NONE guard pages, in a forked child (a fault must not kill pytest)
 
 _PAGE = mmap.PAGESIZE
@@ -607,42 +609,32 @@ def test_page_guards_overread():
     todo = [(d, i) for d, i in VARIANTS if i in have]
     if not todo:
         pytest.skip("no variant runs natively")
-    if not hasattr(os, "fork"):
-        pytest.skip("needs fork")
     rng = np.random.default_rng(9)
     jobs = []
     for dtype, isa in todo:
         for n_in, nt, tb, te in ((1, 3, 1, 3), (7, 4, 2, 3), (65, 2, 0, 2), (770, 3, 1, 2)):
             wt, x, b = random_case(rng, dtype, n_in, nt)
             jobs.append((dtype, isa, wt, x, b, tb, te, contract_ref(wt, x, b, tb, te)))
-    pid = os.fork()
-    if pid == 0:                                           # child: run, compare, exit with a code
-        code = 0
-        try:
-            for dtype, isa, wt, x, b, tb, te, exp in jobs:
-                fn = getattr(lib, symbol(dtype, isa))
-                tile_bytes = wt[0].nbytes
-                for at_end in (True, False):
-                    sub = np.ascontiguousarray(wt[tb:te])
-                    wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)  # tb..te-1 only
-                    xg = PageFenced(x.nbytes, at_end).put(x)
-                    bs = b[TILE * tb:TILE * te]
-                    bg = PageFenced(bs.nbytes, at_end).put(bs)
-                    yg = PageFenced(bs.nbytes, at_end)
-                    # pass pointers biased back to tile 0 / output 0: only [tb, te) may be touched
-                    fn(wg.addr - tb * tile_bytes, xg.addr, bg.addr - 4 * TILE * tb,
-                       yg.addr - 4 * TILE * tb, wt.shape[1], tb, te)
-                    got = yg.get(np.float32)
-                    if not same_bits(got, exp).all():
-                        code = 3
-        except Exception:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
-                    "it read or wrote outside its buffers")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+    def child() -> bool:
+        ok = True
+        for dtype, isa, wt, x, b, tb, te, exp in jobs:
+            fn = getattr(lib, symbol(dtype, isa))
+            tile_bytes = wt[0].nbytes
+            for at_end in (True, False):
+                sub = np.ascontiguousarray(wt[tb:te])
+                wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)  # tb..te-1 only
+                xg = PageFenced(x.nbytes, at_end).put(x)
+                bs = b[TILE * tb:TILE * te]
+                bg = PageFenced(bs.nbytes, at_end).put(bs)
+                yg = PageFenced(bs.nbytes, at_end)
+                # pass pointers biased back to tile 0 / output 0: only [tb, te) may be touched
+                fn(wg.addr - tb * tile_bytes, xg.addr, bg.addr - 4 * TILE * tb,
+                   yg.addr - 4 * TILE * tb, wt.shape[1], tb, te)
+                got = yg.get(np.float32)
+                ok &= bool(same_bits(got, exp).all())
+        return ok
+    run_forked(child)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ import hashlib
 import itertools
 import os
 import platform
-import signal
 import sys
 from pathlib import Path
 
@@ -47,6 +46,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from arm64_qemu import IS_ARM, first_config  # noqa: E402
+from forked import run_forked  # noqa: E402
 import test_kernels_matvec as mv  # noqa: E402   (matvec models, harness and test functions)
 import test_kernels_ops as ops  # noqa: E402     (elementwise / attention models, harness, test functions)
 import test_kernels_q8 as q8  # noqa: E402       (int8 matvec model, harness and test functions)
@@ -262,26 +262,6 @@ def test_matvec_f16_equals_f32_on_widened_weights(lib):
         assert np.array_equal(y16.view(np.uint32), y32.view(np.uint32))
 
 
-def _fork_run(jobs_fn) -> None:
-    """Run jobs_fn() in a forked child; fail on a signal (a fault: an access outside a buffer) or a
-    nonzero exit code (3: a wrong result, 4: an exception)."""
-    if not hasattr(os, "fork"):
-        pytest.skip("needs fork")
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            code = 0 if jobs_fn() else 3
-        except BaseException:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
-                    "it read or wrote outside its buffers")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
-
-
 @arm_test
 def test_matvec_page_guards(lib):
     """w (only the tiles of the range), x, b and y butting against PROT_NONE pages on either side."""
@@ -311,7 +291,7 @@ def test_matvec_page_guards(lib):
                     want = exp if bias is not None else mv.contract_ref(wt, x, None, tb, te)
                     ok &= bool(mv.same_bits(yg.get(np.float32), want).all())
         return ok
-    _fork_run(child)
+    run_forked(child)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -428,7 +408,7 @@ def test_matvec_q8_page_guards(lib):
                     want = q8.contract_ref(wt, scale, x, bias, tb, te)
                     ok &= bool(mv.same_bits(yg.get(np.float32), want).all())
         return ok
-    _fork_run(child)
+    run_forked(child)
 
 
 def test_matvec_q8_sme2_falls_back_to_neon():
@@ -632,7 +612,7 @@ def test_matmul_page_guards(lib):
                                  c.ldx, bg.addr - off, yg.addr - off, nout, c.T, c.n_in, tb, te))
                 ok &= bool(mv.same_bits(yg.get(np.float32).reshape(c.T, nout), exp).all())
         return ok
-    _fork_run(child)
+    run_forked(child)
 
 
 def test_matmul_sme2_falls_back_to_neon():
@@ -830,7 +810,7 @@ def test_ops_page_guards(lib):
                 getattr(lib, f"gpt2asm_{op}_f32_neon")(*[f if isinstance(f, int) else f.addr for f in fenced])
                 ok &= bool(ops.model_equal(fenced[out_i].get(), exp).all())
         return ok
-    _fork_run(child)
+    run_forked(child)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -895,7 +875,7 @@ def test_argmax_page_guards(lib):
                 f = ops.PageFenced(x, at_end)
                 ok &= fn(f.addr, x.size) == exp
         return ok
-    _fork_run(child)
+    run_forked(child)
 
 
 def test_argmax_sme2_falls_back_to_neon():

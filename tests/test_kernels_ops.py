@@ -31,7 +31,6 @@ import itertools
 import math
 import mmap
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -44,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # GPT2ASM_TEST_LIB=path tests a library built elsewhere (nothing is built then)
 LIB_PATH = Path(os.environ.get("GPT2ASM_TEST_LIB") or ROOT / "gpt2asm" / "libgpt2asm.so")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from forked import run_forked  # noqa: E402
 
 ISAS = ("avx2", "avx512")
 GUARD = 4096                                     # canary bytes before and after every native buffer
@@ -1051,29 +1052,19 @@ def test_page_guards_overread():
     have = sorted(native_isas())
     if not have:
         pytest.skip("no variant runs natively")
-    if not hasattr(os, "fork"):
-        pytest.skip("needs fork")
     jobs = fence_jobs(np.random.default_rng(9))
-    pid = os.fork()
-    if pid == 0:                                     # child: run, compare, exit with a code
-        code = 0
-        try:
-            for isa in have:
-                for op, args, out_i, exp in jobs:
-                    for at_end in (True, False):
-                        fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
-                        getattr(lib, f"gpt2asm_{op}_f32_{isa}")(
-                            *[f if isinstance(f, int) else f.addr for f in fenced])
-                        if not model_equal(fenced[out_i].get(), exp).all():
-                            code = 3
-        except Exception:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
-                    "it read or wrote outside its buffers")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+    def child() -> bool:
+        ok = True
+        for isa in have:
+            for op, args, out_i, exp in jobs:
+                for at_end in (True, False):
+                    fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
+                    getattr(lib, f"gpt2asm_{op}_f32_{isa}")(
+                        *[f if isinstance(f, int) else f.addr for f in fenced])
+                    ok &= bool(model_equal(fenced[out_i].get(), exp).all())
+        return ok
+    run_forked(child)
 
 
 def fence_jobs(rng):
@@ -1403,28 +1394,18 @@ def test_argmax_page_guards_overread():
     have = sorted(native_isas())
     if not have:
         pytest.skip("no variant runs natively")
-    if not hasattr(os, "fork"):
-        pytest.skip("needs fork")
     jobs = argmax_fence_jobs(np.random.default_rng(107))
     fns = [argmax_fn(lib, isa) for isa in have]
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for fn in fns:
-                for x, exp in jobs:
-                    for at_end in (True, False):
-                        f = PageFenced(x, at_end)
-                        if fn(f.addr, x.size) != exp:
-                            code = 3
-        except Exception:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        pytest.fail(f"argmax faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): it read "
-                    "outside x")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+    def child() -> bool:
+        ok = True
+        for fn in fns:
+            for x, exp in jobs:
+                for at_end in (True, False):
+                    f = PageFenced(x, at_end)
+                    ok &= fn(f.addr, x.size) == exp
+        return ok
+    run_forked(child)
 
 
 def test_argmax_emulated_page_guards_overread():

@@ -25,9 +25,7 @@ Run:  pytest tests/test_kernels_q8.py
 from __future__ import annotations
 
 import ctypes
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -42,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import test_kernels_matvec as mv                                     # noqa: E402
 from test_kernels_matvec import (GUARD, TILE, Y_FILL, Guarded, PageFenced, cpu_isas, fma32,  # noqa: E402
                                  same_bits)
+from forked import run_forked                                        # noqa: E402
 
 ISAS = ("avx2", "avx512")
 P, S = ctypes.c_void_p, ctypes.c_size_t
@@ -372,42 +371,32 @@ def test_page_guards_overread():
     todo = [isa for isa in ISAS if isa in cpu_isas(lib)]
     if not todo:
         pytest.skip("no variant runs natively")
-    if not hasattr(os, "fork"):
-        pytest.skip("needs fork")
     rng = np.random.default_rng(9)
     jobs = []
     for isa in todo:
         for n_in, nt, tb, te in ((1, 3, 1, 3), (7, 4, 2, 3), (65, 2, 0, 2), (770, 3, 1, 2), (5, 5, 0, 5)):
             wt, scale, x, b = random_case(rng, n_in, nt)
             jobs.append((isa, wt, scale, x, b, tb, te, contract_ref(wt, scale, x, b, tb, te)))
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for isa, wt, scale, x, b, tb, te, exp in jobs:
-                fn = getattr(lib, symbol(isa))
-                tile_bytes = wt[0].nbytes
-                for at_end in (True, False):
-                    sub = np.ascontiguousarray(wt[tb:te])
-                    wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)
-                    xg = PageFenced(x.nbytes, at_end).put(x)
-                    ss = scale[TILE * tb:TILE * te]
-                    sg = PageFenced(ss.nbytes, at_end).put(ss)
-                    bs = b[TILE * tb:TILE * te]
-                    bg = PageFenced(bs.nbytes, at_end).put(bs)
-                    yg = PageFenced(bs.nbytes, at_end)
-                    fn(wg.addr - tb * tile_bytes, sg.addr - 4 * TILE * tb, xg.addr, bg.addr - 4 * TILE * tb,
-                       yg.addr - 4 * TILE * tb, wt.shape[1], tb, te)
-                    if not same_bits(yg.get(np.float32), exp).all():
-                        code = 3
-        except Exception:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
-                    "it read or wrote outside its buffers")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+    def child() -> bool:
+        ok = True
+        for isa, wt, scale, x, b, tb, te, exp in jobs:
+            fn = getattr(lib, symbol(isa))
+            tile_bytes = wt[0].nbytes
+            for at_end in (True, False):
+                sub = np.ascontiguousarray(wt[tb:te])
+                wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)
+                xg = PageFenced(x.nbytes, at_end).put(x)
+                ss = scale[TILE * tb:TILE * te]
+                sg = PageFenced(ss.nbytes, at_end).put(ss)
+                bs = b[TILE * tb:TILE * te]
+                bg = PageFenced(bs.nbytes, at_end).put(bs)
+                yg = PageFenced(bs.nbytes, at_end)
+                fn(wg.addr - tb * tile_bytes, sg.addr - 4 * TILE * tb, xg.addr, bg.addr - 4 * TILE * tb,
+                   yg.addr - 4 * TILE * tb, wt.shape[1], tb, te)
+                ok &= bool(same_bits(yg.get(np.float32), exp).all())
+        return ok
+    run_forked(child)
 
 
 AVX512F_OK = {  # every mnemonic the AVX-512 kernels may use: AVX-512F (zmm only) and plain x86-64

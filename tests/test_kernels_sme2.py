@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 from arm64_qemu import IS_ARM, qemu_config, qemu_cpu, qemu_svl_bits  # noqa: E402
+from forked import run_forked  # noqa: E402
 # the x86 matvec tests' helpers: the exact fma model, references, guarded buffers, the checker
 from test_kernels_matvec import (DTYPES, TILE, Y_FILL, NativeRunner, PageFenced,  # noqa: E402
                                  contract_ref, random_case, run_and_check, same_bits, tile_weights)
@@ -397,34 +398,26 @@ def test_page_guards_overread(lib):
         for n_in, nt, tb, te in ((1, 3, 1, 3), (7, 9, 2, 9), (65, 2, 0, 2), (6, 8, 1, 8), (770, 3, 1, 2)):
             wt, x, b = random_case(rng, dtype, n_in, nt)
             jobs.append((dtype, wt, x, b, tb, te, contract_ref(wt, x, b, tb, te)))
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for dtype, wt, x, b, tb, te, exp in jobs:
-                fn = getattr(lib, symbol(dtype))
-                tile_bytes = wt[0].nbytes
-                for at_end in (True, False):
-                    for bias in (True, False):
-                        sub = np.ascontiguousarray(wt[tb:te])
-                        wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)          # tiles tb..te-1 only
-                        xg = PageFenced(x.nbytes, at_end).put(x)
-                        bs = b[TILE * tb:TILE * te]
-                        bg = PageFenced(bs.nbytes, at_end).put(bs)
-                        yg = PageFenced(bs.nbytes, at_end)
-                        fn(wg.addr - tb * tile_bytes, xg.addr, (bg.addr - 4 * TILE * tb) if bias else None,
-                           yg.addr - 4 * TILE * tb, wt.shape[1], tb, te)
-                        want = exp if bias else contract_ref(wt, x, None, tb, te)
-                        if not same_bits(yg.get(np.float32), want).all():
-                            code = 3
-        except BaseException:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
-                    "it read or wrote outside its buffers")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+
+    def child() -> bool:
+        ok = True
+        for dtype, wt, x, b, tb, te, exp in jobs:
+            fn = getattr(lib, symbol(dtype))
+            tile_bytes = wt[0].nbytes
+            for at_end in (True, False):
+                for bias in (True, False):
+                    sub = np.ascontiguousarray(wt[tb:te])
+                    wg = PageFenced(max(sub.nbytes, 64), at_end).put(sub)          # tiles tb..te-1 only
+                    xg = PageFenced(x.nbytes, at_end).put(x)
+                    bs = b[TILE * tb:TILE * te]
+                    bg = PageFenced(bs.nbytes, at_end).put(bs)
+                    yg = PageFenced(bs.nbytes, at_end)
+                    fn(wg.addr - tb * tile_bytes, xg.addr, (bg.addr - 4 * TILE * tb) if bias else None,
+                       yg.addr - 4 * TILE * tb, wt.shape[1], tb, te)
+                    want = exp if bias else contract_ref(wt, x, None, tb, te)
+                    ok &= bool(same_bits(yg.get(np.float32), want).all())
+        return ok
+    run_forked(child)
 
 
 # --------------------------------------------------------------------------------------------------
