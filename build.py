@@ -110,7 +110,8 @@ COMMON_SYMBOLS = {
     "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl"),
 }
 # bound by tools/ (bench)
-TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2",), "aarch64": ("gpt2asm_readbw_f32_neon",)}
+TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2", "gpt2asm_fmapeak_f32_avx2"),
+                "aarch64": ("gpt2asm_readbw_f32_neon", "gpt2asm_fmapeak_f32_neon")}
 
 
 def kernel_symbol(op: str, family: str) -> str:

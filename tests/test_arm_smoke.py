@@ -59,8 +59,9 @@ def test_notes_for_large_svl():
 def test_symbol_lists():
     syms = build.bound_symbols("aarch64")
     assert syms[:3] == ["gpt2asm_build_id", "gpt2asm_rdsvl", "gpt2asm_readbw_f32_neon"]
-    assert len(syms) == len(set(syms)) == 3 + len(build.KERNEL_OPS) + 2
-    assert build.bound_symbols("aarch64", "sme2")[3:] == ["gpt2asm_matvec_f32_sme2", "gpt2asm_matvec_f16_sme2"]
+    assert syms[3] == "gpt2asm_fmapeak_f32_neon"
+    assert len(syms) == len(set(syms)) == 4 + len(build.KERNEL_OPS) + 2
+    assert build.bound_symbols("aarch64", "sme2")[4:] == ["gpt2asm_matvec_f32_sme2", "gpt2asm_matvec_f16_sme2"]
     assert build.kernel_symbol("matvec_f16", "sme2") == "gpt2asm_matvec_f16_sme2"
     assert build.kernel_symbol("gelu_f32", "sme2") == "gpt2asm_gelu_f32_neon"
     assert build.kernel_symbol("attention_f32", "avx512") == "gpt2asm_attention_f32_avx512"
@@ -101,6 +102,16 @@ def test_readbw_probe():
         buf[:n] = np.arange(n) % 8
         buf[n:] = np.nan                                     # past the end: must not be read
         assert fn(buf.ctypes.data, n) == float((np.arange(n) % 8).sum())
+
+
+@arm_only
+def test_fmapeak_probe():
+    """gpt2asm_fmapeak_f32_neon (make bench's FMA-peak baseline): n rounds of fma(1, 1, acc) from +0."""
+    from gpt2asm.kernels import load_library
+    fn = load_library().gpt2asm_fmapeak_f32_neon
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_float
+    for n in (0, 1, 7, 1000, 1 << 24):
+        assert fn(n) == float(n)
 
 
 @arm_only

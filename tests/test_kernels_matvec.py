@@ -77,6 +77,9 @@ def load_lib(build: bool = True) -> ctypes.CDLL:
         if hasattr(lib, "gpt2asm_readbw_f32_avx2"):
             lib.gpt2asm_readbw_f32_avx2.argtypes = [P, S]
             lib.gpt2asm_readbw_f32_avx2.restype = ctypes.c_float
+        if hasattr(lib, "gpt2asm_fmapeak_f32_avx2"):
+            lib.gpt2asm_fmapeak_f32_avx2.argtypes = [S]
+            lib.gpt2asm_fmapeak_f32_avx2.restype = ctypes.c_float
         _LIB = lib
     return _LIB
 
@@ -567,6 +570,14 @@ def test_readbw_probe():
         assert lib.gpt2asm_readbw_f32_avx2(g.addr, n) == float((np.arange(n) % 8).sum())
         g.check("gpt2asm_readbw_f32_avx2")
 
+
+def test_fmapeak_probe():
+    """The benchmark's FMA-peak probe: n rounds of fma(1, 1, acc) from +0 leave n in every chain."""
+    lib = load_lib()
+    if "avx2" not in cpu_isas(lib):
+        pytest.skip("no AVX2")
+    for n in (0, 1, 7, 1000, 1 << 24):
+        assert lib.gpt2asm_fmapeak_f32_avx2(n) == float(n)
 
 
 # ---- over-read checks with PROT_NONE guard pages, in a forked child (a fault must not kill pytest)

@@ -17,6 +17,9 @@ from different runs. Columns:
     bound          read bandwidth at -j N (our streaming-read kernel over 1 GiB, measured right before and
                    right after the row's run, the higher of the two) / bytes of weight matrices per token
     steps/TTFT     the same 512-token prompt as 512 cached steps, over the TTFT of the batched prefill
+    of FMA peak    the prefill's flop rate (its FMAs x 2 / TTFT) over the FMA peak at -j N (our FMA probe,
+                   gpt2asm_fmapeak_f32_<isa>: 12 or 16 independent chains), which bounds steps/TTFT: every
+                   (token, output) of a prefill is an exact fp32 FMA chain, as in a cached step
     Python %       share of a decode step spent outside the library (Python, ctypes, sampling)
     llama.cpp      llama-bench -n 128 -p 0 (decode) and -n 0 -p 512 (prefill), same checkpoint as GGUF F32 /
                    F16 / Q8_0 (`make llamacpp` builds it; skipped when absent)
@@ -43,6 +46,7 @@ PROMPT = "Alan Turing theorized that computers would one day become"
 LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8": "Q8_0"}
 WORKER_TIMEOUT = 1200
 READBW = {"x86_64": "gpt2asm_readbw_f32_avx2", "aarch64": "gpt2asm_readbw_f32_neon"}   # our read kernel
+FMAPEAK = {"x86_64": ("gpt2asm_fmapeak_f32_avx2", 192), "aarch64": ("gpt2asm_fmapeak_f32_neon", 128)}  # flop/iter
 
 
 def emulated() -> str:
@@ -78,6 +82,37 @@ def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
             t.join()
         best = max(best, n * 4 * threads / (time.perf_counter() - t0) / 1e9)
     return {"gbps": best}
+
+
+def w_fmapeak(threads: int, seconds: float = 0.3, reps: int = 3) -> dict:
+    """GFLOP/s of fp32 FMAs on `threads` threads at once (our FMA probe, register operands only)."""
+    import ctypes
+    import threading
+
+    from gpt2asm.kernels import ARCH, load_library
+    name, flop = FMAPEAK[ARCH]
+    fn = getattr(load_library(), name)
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_float
+    t0 = time.perf_counter()
+    fn(1 << 20)
+    n = max(1 << 16, int((1 << 20) * seconds / max(time.perf_counter() - t0, 1e-6)))
+    best = 0.0
+    for _ in range(reps):
+        ts = [threading.Thread(target=fn, args=(n,)) for _ in range(threads)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = max(best, n * flop * threads / (time.perf_counter() - t0) / 1e9)
+    return {"gflops": best}
+
+
+def prefill_flop(cfg, T: int) -> int:
+    """Flop of a T-token prefill from an empty cache: the 4 matrices of every layer for every token, the
+    attention (q.k and p.v over positions 0..t for token t), the LM head for the last token; 2 per FMA."""
+    C, L, H = cfg.n_embd, cfg.n_layer, cfg.n_head
+    return 2 * (12 * C * C * L * T + 2 * 64 * H * L * (T * (T + 1) // 2) + C * cfg.vocab_size)
 
 
 def _build(model: Path, dtype: str, isa, threads: int, cache: str):
@@ -180,6 +215,7 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         next(iter(m.generate_ids(pids, 1, temperature=0)))
         out["ttft_s"] = time.perf_counter() - t0
         out["prompt_len"] = prompt_len
+        out["prefill_flop"] = prefill_flop(m.config, prompt_len)
         # the same prompt as prompt_len cached steps, and (with a prefill) its logits compared bit for bit
         st = m.model.new_state()
         t0 = time.perf_counter()
@@ -224,7 +260,7 @@ def w_torch(model: str, threads: int, tokens: int, prompt_len: int) -> dict:
     return out
 
 
-WORKERS = {"readbw": w_readbw, "startup": w_startup, "ours": w_ours, "torch": w_torch}
+WORKERS = {"readbw": w_readbw, "fmapeak": w_fmapeak, "startup": w_startup, "ours": w_ours, "torch": w_torch}
 
 
 def worker_main(spec: str) -> int:
@@ -337,8 +373,9 @@ def main(argv=None) -> int:
                  "prompt_len": prompt_len, "threads": threads, "dtypes": dtypes, "q8_in_engine": q8,
                  "decode_weights": a.cache}
 
-    say("read bandwidth")
+    say("read bandwidth, FMA peak")
     bw = {j: [spawn("readbw", threads=j)] for j in threads}
+    peak = {j: [spawn("fmapeak", threads=j)] for j in threads}
 
     startup = {}
     if not a.no_startup:
@@ -389,15 +426,18 @@ def main(argv=None) -> int:
             except Exception as e:
                 llama_note = f"failed: {type(e).__name__}: {e}"
 
-    say("read bandwidth (again)")
+    say("read bandwidth, FMA peak (again)")
     for j in threads:
         bw[j].append(spawn("readbw", threads=j))
+        peak[j].append(spawn("fmapeak", threads=j))
     say("done")
     phases.pop("done")
 
     # ---------------------------------------------------------------------------------------------
     res["phase_seconds"] = phases
     res["read_gbps"] = {j: [r.get("gbps") for r in bw[j]] for j in threads}
+    res["fma_gflops"] = {j: [r.get("gflops") for r in peak[j]] for j in threads}
+    fpeak = {j: best(peak[j], "gflops") for j in threads}
     res["startup"] = startup
     res["torch"] = torch_res
     res["llamacpp"] = {"note": llama_note, "rows": llama}
@@ -408,7 +448,7 @@ def main(argv=None) -> int:
     hdr = ["kernels", "dtype", "-j", f"tok/s @{t200}"]
     hdr += [f"tok/s @{t800}", f"@{t800}/@{t200}"] if t800 else []
     hdr += [
-        f"TTFT {prompt_len} s", "steps/TTFT", "Python %", "start-up cold / warm s (weights only)",
+        f"TTFT {prompt_len} s", "steps/TTFT", "of FMA peak", "Python %", "start-up cold / warm s (weights only)",
         "bound tok/s", "ours/bound",
         "llama.cpp tok/s", "ours/llama.cpp", f"llama.cpp TTFT {prompt_len} s",
         "PyTorch tok/s", "ours/PyTorch", f"PyTorch TTFT {prompt_len} s"]
@@ -439,7 +479,11 @@ def main(argv=None) -> int:
             cells += [fmt(rate8), pct(rate8, rate)]
         start = f"{fmt(cold, '.2f')} / {fmt(warm, '.2f')} ({fmt(wcold, '.2f')} / {fmt(wwarm, '.3f')})"
         steps_s = best(runs, "steps_ttft_s", lower=True)
-        cells += [fmt(ttft, ".2f"), ratio(steps_s, ttft, ".1f"), fmt(best(runs, "overhead_pct", lower=True), ".1f"),
+        flop = best(runs, "prefill_flop")
+        at_peak = flop / (fpeak[j] * 1e9) if flop and fpeak.get(j) else None    # the prefill at the FMA peak
+        r.update(steps_s=steps_s, prefill_at_peak_s=at_peak)
+        cells += [fmt(ttft, ".2f"), ratio(steps_s, ttft, ".1f"), pct(at_peak, ttft),
+                  fmt(best(runs, "overhead_pct", lower=True), ".1f"),
                   start, fmt(bound), pct(rate, bound),
                   f"{fmt(lt and lt['tok_s'])} ({LLAMA_TYPE.get(dt)})" if lt else "–",
                   ratio(rate, lt and lt["tok_s"]), fmt(r["llama_ttft_s"], ".2f"),
@@ -454,7 +498,10 @@ def main(argv=None) -> int:
              + (" --quick" if a.quick else "") + f", {time.time() - t_start:.0f} s. The machine may be shared: "
              "compare ratios within this table.", "",
              "read bandwidth (our streaming-read kernel, 1 GiB; every measurement of the run, in order): "
-             + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gbps')) for x in bw[j])} GB/s" for j in threads), ""]
+             + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gbps')) for x in bw[j])} GB/s" for j in threads),
+             "", "FMA peak (our FMA probe, start / end of the run): "
+             + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gflops')) for x in peak[j])} GFLOP/s" for j in threads),
+             ""]
     if emulated():
         lines += [f"**Emulated ({platform.machine()} under qemu-user, CPU `{emulated()}`): these figures measure "
                   "the emulator, not the kernels — they mean nothing about speed on real hardware.**", ""]
@@ -481,6 +528,13 @@ def main(argv=None) -> int:
     lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
                  "batched prefill; last-token logits of both bit-identical: "
                  + (("yes, every row" if all(same) else f"NO in {same.count(False)} row(s)") if same else "–"))
+    lims = [f"{r['dtype']} -j {r['threads']} {r['steps_s'] / r['prefill_at_peak_s']:.1f}x" for r in rows
+            if r.get("steps_s") and r.get("prefill_at_peak_s")]
+    if lims:
+        lines.append(f"- of FMA peak: the prefill's {prompt_len}-token flop count "
+                     f"({best([x for r in rows for x in r['runs']], 'prefill_flop') / 1e9:.1f} GFLOP) over its TTFT, "
+                     "against the FMA peak at the same -j (the higher of the two probe readings); at that peak, "
+                     "steps/TTFT could reach at most: " + ", ".join(lims))
     lines.append("- Python %: share of a decode step's wall time spent outside the library's plan_run "
                  "(Python, ctypes, sampling), 64 greedy tokens.")
     waits = [f"{r['dtype']} -j {r['threads']}: {x['resident']} (waited {x['resident_wait_s']:.2f} s)"
