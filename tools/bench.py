@@ -522,8 +522,8 @@ def main(argv=None) -> int:
                                           for j, v in torch_res.items())
                                 + f"; transformers fp32 generate() of {t200} tokens; TTFT = one forward over "
                                 f"{prompt_len} tokens.") if torch_res else "skipped (--no-torch)."),
-              "- q8: " + ("measured" if "q8" in dtypes else
-                          "the engine has no dtype='q8' yet (gpt2asm.engine.DTYPES): skipped")]
+              "- q8: " + ("measured" if "q8" in dtypes else "not in --dtypes" if q8 else
+                          "the engine has no dtype='q8' (gpt2asm.engine.DTYPES): skipped")]
     same = [x.get("prefill_identical") for r in rows for x in r["runs"] if "prefill_identical" in x]
     lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
                  "batched prefill; last-token logits of both bit-identical: "
