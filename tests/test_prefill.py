@@ -5,6 +5,8 @@ bit for bit -- for f32, f16 and q8 weights, every thread count, prompts of any l
 PREFILL_ROWS rows, a last chunk of one row), from an empty or a filled cache (and step() continues
 from it identically), natively and on the emulated AVX-512 CPU; the row jobs refuse what does not fit
 before any address reaches assembly; bad token lists raise typed errors and leave the state unchanged.
+The full-prefix forward (GPT2.logits) runs the same row plan plus the head on every row: the logits of
+cached steps at every position.
 
 Families without a plan executor (Arm: neon, sme2) prefill through Transformer.prefill_reference (kernel
 calls from Python, the matmul kernels over the rows): the same tests run on them (make test-arm64 /
@@ -68,6 +70,27 @@ def test_prefill_equals_cached_steps(tiny, families, threads):
             assert st.n == n
             assert np.array_equal(bits(got), bits(want[-1])), f"{dtype} {fam} -j {threads} T={n}: logits"
             assert same_cache(st, want_st, n), f"{dtype} {fam} -j {threads} T={n}: KV cache"
+        k.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_forward_equals_cached_steps(tiny, families, threads):
+    """The full-prefix forward (GPT2.logits: the prefill's row plan, then LayerNorm f and the LM head as
+    a matmul over every row): every position's logits are those of the cached steps, bit for bit,
+    across a chunk boundary (PREFILL_ROWS) too."""
+    dtype, w, ref = tiny
+    n = max(LENGTHS)
+    ids = prompt(n, seed=n)
+    if not EMULATED:                                    # past the first chunk of PREFILL_ROWS rows
+        ids += prompt(PREFILL_ROWS + 3 - n, seed=99)
+    k = Kernels(families[0], threads)
+    try:
+        model = Transformer(w, k)
+        want = ref[n][0] if len(ids) == n else cached_steps(model, ids)[0]
+        got = model.forward(ids)
+        assert got.shape == want.shape
+        assert np.array_equal(bits(got), bits(want)), f"{dtype} -j {threads}"
+    finally:
         k.close()
 
 
