@@ -56,8 +56,9 @@ class Transformer:
         self.resident = None            # a resident.Resident packing the matrices into one buffer (start_resident)
 
     def start_resident(self) -> None:
-        """Copy the file-mapped matrices (a warm tile cache) into anonymous memory in the background;
-        steps adopt the copies once they are complete (resident.py: faster streaming on Linux guests)."""
+        """Pack the matrices (file-mapped from a warm tile cache, or separate arrays) into one buffer of
+        anonymous memory in the background, in the order a step reads them; steps adopt the copies once
+        they are complete (resident.py: faster streaming on Linux guests)."""
         from .resident import Resident
         if self.resident is None:
             self.resident = Resident(self.w)
@@ -211,20 +212,31 @@ class Transformer:
             return logits
         if not self.k.has_plan:
             return self.prefill_reference(s, tokens)
-        cfg, p, head = self.cfg, self._prefill_plan(s), self._step_plan(s)
+        head = self._step_plan(s)
+        T = self._run_rows(s, tokens, PREFILL_ROWS)
+        s.x[:] = s.rows.x[T - 1]
+        L = JOBS_PER_LAYER * self.cfg.n_layer
+        self.k.run_plan(head, L, L + 1)                            # LayerNorm f + LM head, last token
+        return s.logits_view
+
+    def _run_rows(self, s: State, tokens: list[int], R: int, after=None) -> int:
+        """Run the prefill plan over tokens (checked) from position s.n, in runs of at most R rows; after
+        each run, after(offset of the run in tokens, its rows) with s.rows.x holding its residual rows.
+        Returns the rows of the last run."""
+        cfg, p = self.cfg, self._prefill_plan(s)
         wte, wpe = self.w.wte.reshape(cfg.vocab_size, -1), self.w.wpe.reshape(cfg.n_ctx, -1)
         x = s.rows.x                                               # [R][C] residual stream rows
-        for c0 in range(0, len(tokens), len(x)):
-            ids = tokens[c0:c0 + len(x)]
+        R = min(R, len(x))
+        for c0 in range(0, len(tokens), R):
+            ids = tokens[c0:c0 + R]
             T, pos = len(ids), s.n
             np.add(wte[ids], wpe[pos:pos + T], out=x[:T])          # x[t] = wte[token] + wpe[pos + t]
             p.set_rows(T, pos)
             self.k.run_plan(p)                                     # every layer over the T rows: one call
             s.n = pos + T
-        s.x[:] = x[T - 1]
-        L = JOBS_PER_LAYER * cfg.n_layer
-        self.k.run_plan(head, L, L + 1)                            # LayerNorm f + LM head, last token
-        return s.logits_view
+            if after is not None:
+                after(c0, T)
+        return T
 
     def forward(self, tokens: list[int]) -> np.ndarray:
         """Full-prefix forward from an empty cache: logits [T][vocab] for every position.  The prefill's
@@ -241,25 +253,21 @@ class Transformer:
             self._adopt()
         if not (self.k.has_plan and self.k.has_matmul):
             return self._forward_reference(tokens)
-        cfg, w, s = self.cfg, self.w, self.new_state()
+        w, s = self.w, self.new_state()
         R = min(T, PREFILL_ROWS)
-        p, r = self._prefill_plan(s), s.rows
+        r = s.prefill_rows(PREFILL_ROWS)
         logits = zeros((R, self.n_tiles_head * 64))                         # [R][vocab padded]
         head = self.k.new_plan()
         head.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                   # h = ln_f(x)
         head.matmul(w.head_w, r.h, w.head_b, logits, scale=scale(w, "head"))  # logits = h W_head
         head = head.build()
-        wte, wpe = w.wte.reshape(V, -1), w.wpe.reshape(cfg.n_ctx, -1)
         out = np.empty((T, V), np.float32)
-        for c0 in range(0, T, R):
-            n, pos = min(R, T - c0), c0
-            np.add(wte[tokens[c0:c0 + n]], wpe[pos:pos + n], out=r.x[:n])   # x[t] = wte[token] + wpe[pos + t]
-            p.set_rows(n, pos)
-            self.k.run_plan(p)                                              # every layer over the n rows
-            head.set_rows(n, pos)
+
+        def run_head(c0: int, n: int) -> None:                             # after every layer over n rows
+            head.set_rows(n, c0)
             self.k.run_plan(head)
             out[c0:c0 + n] = logits[:n, :V]
-            s.n = pos + n
+        self._run_rows(s, tokens, R, run_head)
         return out
 
     # -- the per-call reference path -----------------------------------------------------------------
