@@ -60,7 +60,6 @@ def emulated() -> str:
 def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
     """GB/s of a streaming read of a 1 GiB buffer split over `threads` threads (our read kernel)."""
     import ctypes
-    import threading
 
     import numpy as np
 
@@ -71,23 +70,28 @@ def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
     buf = aligned_empty(nbytes // 4, np.float32)
     buf[:] = 1.0
     n = buf.size // threads // 64 * 64
-    parts = [buf.ctypes.data + i * n * 4 for i in range(threads)]
+    parts = [(buf.ctypes.data + i * n * 4, n) for i in range(threads)]
+    return {"gbps": _best_rate(fn, parts, n * 4 * threads / 1e9, reps)}
+
+
+def _best_rate(fn, args: list[tuple], units: float, reps: int) -> float:
+    """units / seconds of the fastest of reps runs of fn(*a) for every a in args, one thread each, at once."""
+    import threading
     best = 0.0
     for _ in range(reps):
-        ts = [threading.Thread(target=fn, args=(p, n)) for p in parts]
+        ts = [threading.Thread(target=fn, args=a) for a in args]
         t0 = time.perf_counter()
         for t in ts:
             t.start()
         for t in ts:
             t.join()
-        best = max(best, n * 4 * threads / (time.perf_counter() - t0) / 1e9)
-    return {"gbps": best}
+        best = max(best, units / (time.perf_counter() - t0))
+    return best
 
 
 def w_fmapeak(threads: int, seconds: float = 0.3, reps: int = 3) -> dict:
     """GFLOP/s of fp32 FMAs on `threads` threads at once (our FMA probe, register operands only)."""
     import ctypes
-    import threading
 
     from gpt2asm.kernels import ARCH, load_library
     name, flop = FMAPEAK[ARCH]
@@ -96,16 +100,7 @@ def w_fmapeak(threads: int, seconds: float = 0.3, reps: int = 3) -> dict:
     t0 = time.perf_counter()
     fn(1 << 20)
     n = max(1 << 16, int((1 << 20) * seconds / max(time.perf_counter() - t0, 1e-6)))
-    best = 0.0
-    for _ in range(reps):
-        ts = [threading.Thread(target=fn, args=(n,)) for _ in range(threads)]
-        t0 = time.perf_counter()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        best = max(best, n * flop * threads / (time.perf_counter() - t0) / 1e9)
-    return {"gflops": best}
+    return {"gflops": _best_rate(fn, [(n,)] * threads, n * flop * threads / 1e9, reps)}
 
 
 def prefill_flop(cfg, T: int) -> int:
