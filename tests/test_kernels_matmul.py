@@ -147,14 +147,8 @@ class NativeRunner:
         yg = Guarded(Y0.nbytes, (mis + 36) % 64, seed + 4).put(Y0)
         self.fn(*call_args(self.dtype, wg.addr, sg.addr if sg else None, xg.addr, c.ldx,
                            bg.addr if bg else None, yg.addr, c.ldy, T, c.n_in, tb, te))
-        for g, a, name in ((wg, c.wt, "w"), (sg, c.scale, "scale"), (xg, c.X, "x"), (bg, c.b, "b"),
-                           (yg, None, "y")):
-            if g is None:
-                continue
-            g.check(f"{self.name}: {name}")
-            if a is not None:
-                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
-                    f"{self.name} wrote to its input {name}"
+        mv.check_guarded(self.name, ((wg, c.wt, "w"), (sg, c.scale, "scale"), (xg, c.X, "x"), (bg, c.b, "b"),
+                                     (yg, None, "y")))
         return yg.get(np.float32).reshape(c.T, c.ldy)
 
 

@@ -152,6 +152,18 @@ class Guarded:
             assert bad.size == 0, f"{what}: canary bytes {where} the buffer changed at {bad[:8] + lo - self.start}"
 
 
+def check_guarded(name: str, bufs) -> None:
+    """After a kernel call: every Guarded buffer's canaries intact, and every input unchanged.  bufs:
+    (Guarded or None, the input it was filled with or None for an output, label)."""
+    for g, a, label in bufs:
+        if g is None:
+            continue
+        g.check(f"{name}: {label}")
+        if a is not None:
+            assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
+                f"{name} wrote to its input {label}"
+
+
 def tile_weights(W: np.ndarray) -> np.ndarray:
     """[n_tiles*64][n_in] (row o = output o) -> the kernel layout [n_tiles][n_in][64]."""
     n_out, n_in = W.shape
@@ -178,13 +190,7 @@ class NativeRunner:
         bg = Guarded(b.nbytes, 4, seed + 2).put(b) if b is not None else None
         yg = Guarded(y0.nbytes, 4, seed + 3).put(y0)
         self.fn(w.addr, xg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
-        for g, name in ((w, "w"), (xg, "x"), (bg, "b"), (yg, "y")):
-            if g is not None:
-                g.check(f"{self.name}: {name}")
-        for g, a, name in ((w, wt, "w"), (xg, x, "x"), (bg, b, "b")):
-            if g is not None:
-                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
-                    f"{self.name} wrote to its input {name}"
+        check_guarded(self.name, ((w, wt, "w"), (xg, x, "x"), (bg, b, "b"), (yg, None, "y")))
         return yg.get(np.float32)
 
 

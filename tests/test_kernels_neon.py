@@ -127,13 +127,7 @@ class MatvecRunner:
         bg = mv.Guarded(b.nbytes, next(self._mis), seed + 2).put(b) if b is not None else None
         yg = mv.Guarded(y0.nbytes, next(self._mis), seed + 3).put(y0)
         self.fn(w.addr, xg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
-        for g, name in ((w, "w"), (xg, "x"), (bg, "b"), (yg, "y")):
-            if g is not None:
-                g.check(f"{self.name}: {name}")
-        for g, a, name in ((w, wt, "w"), (xg, x, "x"), (bg, b, "b")):
-            if g is not None:
-                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
-                    f"{self.name} wrote to its input {name}"
+        mv.check_guarded(self.name, ((w, wt, "w"), (xg, x, "x"), (bg, b, "b"), (yg, None, "y")))
         return yg.get(np.float32)
 
 
@@ -156,13 +150,8 @@ class Q8Runner:
         bg = mv.Guarded(b.nbytes, next(self._mis), seed + 3).put(b) if b is not None else None
         yg = mv.Guarded(y0.nbytes, next(self._mis), seed + 4).put(y0)
         self.fn(w.addr, sg.addr, xg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
-        for g, name in ((w, "w"), (sg, "scale"), (xg, "x"), (bg, "b"), (yg, "y")):
-            if g is not None:
-                g.check(f"{self.name}: {name}")
-        for g, a, name in ((w, wt, "w"), (sg, scale, "scale"), (xg, x, "x"), (bg, b, "b")):
-            if g is not None:
-                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
-                    f"{self.name} wrote to its input {name}"
+        mv.check_guarded(self.name, ((w, wt, "w"), (sg, scale, "scale"), (xg, x, "x"), (bg, b, "b"),
+                                     (yg, None, "y")))
         return yg.get(np.float32)
 
 
@@ -474,14 +463,8 @@ class MatmulRunner:
         yg = mv.Guarded(Y0.nbytes, next(self._mis), seed + 4).put(Y0)
         self.fn(*mm.call_args(self.dtype, wg.addr, sg.addr if sg else None, xg.addr, c.ldx,
                               bg.addr if bg else None, yg.addr, c.ldy, T, c.n_in, tb, te))
-        for g, a, name in ((wg, c.wt, "w"), (sg, c.scale, "scale"), (xg, c.X, "x"), (bg, c.b, "b"),
-                           (yg, None, "y")):
-            if g is None:
-                continue
-            g.check(f"{self.name}: {name}")
-            if a is not None:
-                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
-                    f"{self.name} wrote to its input {name}"
+        mv.check_guarded(self.name, ((wg, c.wt, "w"), (sg, c.scale, "scale"), (xg, c.X, "x"), (bg, c.b, "b"),
+                                     (yg, None, "y")))
         return yg.get(np.float32).reshape(c.T, c.ldy)
 
 

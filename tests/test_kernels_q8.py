@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import test_kernels_matvec as mv                                     # noqa: E402
-from test_kernels_matvec import (GUARD, TILE, Y_FILL, Guarded, PageFenced, cpu_isas, fma32,  # noqa: E402
+from test_kernels_matvec import (TILE, Y_FILL, Guarded, PageFenced, cpu_isas, fma32,  # noqa: E402
                                  same_bits)
 from forked import run_forked                                        # noqa: E402
 
@@ -76,13 +76,8 @@ class NativeRunner:
         bg = Guarded(b.nbytes, (mis + 20) % 64, seed + 3).put(b) if b is not None else None
         yg = Guarded(y0.nbytes, (mis + 36) % 64, seed + 4).put(y0)
         self.fn(w.addr, sg.addr, xg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
-        for g, a, name in ((w, wt, "w"), (sg, scale, "scale"), (xg, x, "x"), (bg, b, "b"), (yg, None, "y")):
-            if g is None:
-                continue
-            g.check(f"{self.name}: {name}")
-            if a is not None:
-                assert np.array_equal(g.get(np.uint8), np.ascontiguousarray(a).reshape(-1).view(np.uint8)), \
-                    f"{self.name} wrote to its input {name}"
+        mv.check_guarded(self.name, ((w, wt, "w"), (sg, scale, "scale"), (xg, x, "x"), (bg, b, "b"),
+                                     (yg, None, "y")))
         return yg.get(np.float32)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gpt2asm import GPT2, InvalidArgumentError
-from gpt2asm.kernels import Kernels, Plan
+from gpt2asm.kernels import Kernels
 from gpt2asm.model import Transformer
 from gpt2asm.quant import quantize_q8, quantize_q8_head
 from gpt2asm.tokenizer import Tokenizer
@@ -330,17 +330,6 @@ def test_checked_kernels_through_the_emulated_avx512_plan(families):
         pytest.skip(avx512emu.why_unavailable())
     from gpt2asm.kernels import LIB_NAME, PKG_DIR
 
-    class Emulated(Kernels):
-        def __init__(self, emu):
-            self.emulator = emu
-            super().__init__("avx512", threads=1)
-
-        def _choose(self, family):
-            return "avx512"
-
-        def _bind(self, name, argtypes):
-            return self.emulator.bind(name)
-
     rng = np.random.default_rng(2)
     w16 = tile_matrix(rng.standard_normal((77, 64 * 5 + 3)).astype(np.float32), np.float16)
     x = rng.standard_normal(77).astype(np.float32)
@@ -350,7 +339,7 @@ def test_checked_kernels_through_the_emulated_avx512_plan(families):
     q = rng.standard_normal(3 * 64).astype(np.float32)
     native = Kernels(families[0])
     with avx512emu.Avx512Emulator(PKG_DIR / LIB_NAME, timeout=120.0) as emu:
-        k = Emulated(emu)
+        k = EmulatedAvx512(emu)
         assert k.has_plan
         assert np.array_equal(bits(k.matvec(w16, x, b)), bits(native.matvec(w16, x, b)))
         for n_pos in (1, 17, 20):

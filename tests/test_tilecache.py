@@ -286,13 +286,18 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("how", sorted(CORRUPTIONS))
 def test_corrupt_cache_is_rebuilt(ckpt, cdir, how):
-    cold = load_weights(ckpt, "f32")
-    load(ckpt, "f32", cdir)
-    CORRUPTIONS[how](cache_path(cdir))
-    w, info = load(ckpt, "f32", cdir)
+    check_rebuilt(ckpt, cdir, "f32", CORRUPTIONS[how])
+
+
+def check_rebuilt(ckpt, cdir, dtype, corrupt):
+    """A cache file damaged by corrupt(path) is rebuilt (the cold result), then loads warm again."""
+    cold = load_weights(ckpt, dtype)
+    load(ckpt, dtype, cdir)
+    corrupt(cache_path(cdir))
+    w, info = load(ckpt, dtype, cdir)
     assert info.status == "built", info
     assert_same(w, cold)
-    w, info = load(ckpt, "f32", cdir)
+    w, info = load(ckpt, dtype, cdir)
     assert info.status == "warm", info
     assert_same(w, cold)
 
@@ -644,15 +649,7 @@ Q8_CORRUPTIONS = {
 
 @pytest.mark.parametrize("how", sorted(Q8_CORRUPTIONS))
 def test_q8_corrupt_cache_is_rebuilt(ckpt, cdir, how):
-    cold = load_weights(ckpt, "q8")
-    load(ckpt, "q8", cdir)
-    Q8_CORRUPTIONS[how](cache_path(cdir))
-    w, info = load(ckpt, "q8", cdir)
-    assert info.status == "built", info
-    assert_same(w, cold)
-    w, info = load(ckpt, "q8", cdir)
-    assert info.status == "warm", info
-    assert_same(w, cold)
+    check_rebuilt(ckpt, cdir, "q8", Q8_CORRUPTIONS[how])
 
 
 @pytest.mark.parametrize("verify", [False, True])
