@@ -38,10 +38,11 @@ from .model import Transformer
 from .sampler import Sampler
 from .tokenizer import Tokenizer
 from .tilecache import load_weights_cached as load_weights   # warm start: tiles mapped from disk
+from .weights import MATRIX_DTYPES
 
 DTYPES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16",
           "q8": "q8", "int8": "q8"}
-DTYPE_NAMES = ("f32", "f16", "q8")             # the canonical names (Weights.dtype, GPT2.dtype)
+DTYPE_NAMES = tuple(MATRIX_DTYPES)             # the canonical names (Weights.dtype, GPT2.dtype)
 MAX_SEED = (1 << 64) - 1
 
 

@@ -35,11 +35,10 @@ import numpy as np
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
 from .kernels import HEAD_DIM, Kernels, Plan, addr, check
 from .state import State, zeros
-from .weights import Weights
+from .weights import MATRIX_DTYPES, Weights
 
 JOBS_PER_LAYER = 4
 PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers (~7 MB for GPT-2 124M)
-MATRIX_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8}
 
 
 def scale(obj, name: str) -> np.ndarray | None:

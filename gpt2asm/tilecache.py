@@ -180,7 +180,7 @@ def tiled_expected(ld, dtype: str, mat_dtype=None) -> dict:
     """The matrices every tiled layout holds: [ceil(out/64)][in][64] of mat_dtype (default: the engine
     dtype's), the head, and wte (float32) when it cannot be mapped from the checkpoint."""
     cfg = ld.config
-    dt = np.dtype(mat_dtype if mat_dtype is not None else W._ENGINE_DTYPES[dtype])
+    dt = np.dtype(mat_dtype if mat_dtype is not None else W.MATRIX_DTYPES[dtype])
     C, V = cfg.n_embd, cfg.vocab_size
     t = lambda n_in, n_out: (dt, (-(-n_out // W.TILE), n_in, W.TILE))   # noqa: E731
     out = {}

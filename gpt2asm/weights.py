@@ -47,7 +47,7 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0":
              "U64": 8, "I64": 8, "F64": 8, "C64": 8}
 # the dtypes whose weights we can use -> how they are viewed in numpy (BF16 as raw bits)
 _NUMPY_DTYPE = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-_ENGINE_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8}   # engine dtype -> tiled matrix dtype
+MATRIX_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8}   # engine dtype -> tiled matrix dtype
 _FLOAT_TILES = (np.dtype(np.float32), np.dtype(np.float16))             # what tile_matrix / tile_head write
 
 _IGNORED_RE = re.compile(r"^h\.\d{1,9}\.attn\.(bias|masked_bias)$")   # causal-mask buffers, not weights
@@ -76,8 +76,8 @@ def aligned_zeros(shape, dtype, align: int = ALIGN) -> np.ndarray:
 
 def _engine_dtype(dtype) -> np.dtype:
     """float32 / float16 for tile_matrix and tile_head (int8 tiles come from gpt2asm.quant)."""
-    if isinstance(dtype, str) and dtype in _ENGINE_DTYPES:
-        dt = np.dtype(_ENGINE_DTYPES[dtype])
+    if isinstance(dtype, str) and dtype in MATRIX_DTYPES:
+        dt = np.dtype(MATRIX_DTYPES[dtype])
     else:
         try:
             dt = np.dtype(dtype)
@@ -497,9 +497,9 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     scale per output (gpt2asm.quant.quantize_q8 / quantize_q8_head from the checkpoint's float32 values:
     Layer.attn_s, attn_proj_s, fc_s, proj_s, Weights.head_s); everything else is float32.
     """
-    if not isinstance(dtype, str) or dtype not in _ENGINE_DTYPES:
+    if not isinstance(dtype, str) or dtype not in MATRIX_DTYPES:
         raise InvalidArgumentError(f"dtype must be 'f32', 'f16' or 'q8', got {dtype!r}")
-    dt = np.dtype(_ENGINE_DTYPES[dtype])
+    dt = np.dtype(MATRIX_DTYPES[dtype])
     half = dt == np.float16
     file, config_path = _resolve(path)
     ld = _Loader(SafetensorsFile(file), config_path)
