@@ -96,12 +96,14 @@ FAMILY_OPS = {
     "x86_64": {"avx2": KERNEL_OPS, "avx512": KERNEL_OPS},
     "aarch64": {"neon": KERNEL_OPS, "sme2": ("matvec_f32", "matvec_f16")},
 }
-FAMILY_FALLBACK = {"sme2": "neon"}
+FAMILY_FALLBACK = {"sme2": "neon", "avx512": "avx2"}
 # exported kernels not bound by name through bound_symbols() (the plan executor and the tests call them):
 # check_exports requires them of a family like its FAMILY_OPS.  sme2 falls back to neon's matvec_q8 and
-# matmul_* (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover them.
+# matmul_* (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover them; likewise avx512
+# takes attention_f16 (the binary16-cache attention) from avx2.
 EXTRA_OPS = {
-    "x86_64": {fam: ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8") for fam in ("avx2", "avx512")},
+    "x86_64": {"avx2": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "attention_f16"),
+               "avx512": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8")},
     "aarch64": {"neon": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8")},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family

@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=DTYPE_LABELS, default=None,
                     help="weight matrices: f32 (default), f16 (as -h) or q8 (int8 with one fp32 scale per "
                          "output row: a quarter of f32's memory traffic; logits close to f32's, not the same)")
+    ap.add_argument("--kv", choices=("f32", "f16"), default=None,
+                    help="KV cache: f32 or f16 (default: f32 with f32 weights, f16 with f16 and q8 -- half the "
+                         "bytes attention reads at long context)")
     ap.add_argument("-i", dest="ids", action="store_true",
                     help="print token ids: line 1 the prompt, line 2 the output")
     ap.add_argument("--seed", type=positive_int(0, (1 << 64) - 1), default=None,
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         from .engine import GPT2
         t0 = time.perf_counter()
         model = GPT2.load(args.model, dtype=dtype, isa=args.s, threads=args.j,
-                          download=not args.offline)
+                          download=not args.offline, kv=args.kv)
         load_s = time.perf_counter() - t0
         if model.random_init:
             print(f"[gpt2asm] note: {model.model_dir} holds randomly initialised weights "

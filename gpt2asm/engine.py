@@ -150,7 +150,7 @@ class GPT2:
 
     @classmethod
     def load(cls, path_or_name: str | os.PathLike | None = None, dtype: str = "f32", isa: str | int | None = None,
-             threads: int = 1, *, download: bool = True, progress: bool = True) -> "GPT2":
+             threads: int = 1, *, download: bool = True, progress: bool = True, kv: str | None = None) -> "GPT2":
         """Load a model: a directory with model.safetensors, vocab.json, merges.txt (+ config.json), a
         .safetensors file, or a hub name (gpt2, distilgpt2, gpt2-medium, gpt2-large, gpt2-xl; taken from
         the Hugging Face cache or downloaded, unless download=False). None: $GPT2ASM_MODEL, the current
@@ -159,7 +159,8 @@ class GPT2:
         dtype 'f32', 'f16' (weight matrices stored as fp16) or 'q8' (int8 weight matrices, one fp32 scale
         per output row: a quarter of the memory traffic, logits close to but not the bits of f32); isa a
         kernel family name or index (None = best available, or $GPT2ASM_ISA); threads share each matrix
-        product (same output)."""
+        product (same output); kv the KV cache's dtype, 'f32' or 'f16' (None: f32 with f32 weights, f16
+        with f16 and q8 -- half the bytes attention reads; logits close to an f32 cache's, not the same)."""
         if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
         dtype = DTYPES[dtype.lower()]
@@ -173,7 +174,7 @@ class GPT2:
             d = find_model_dir(path_or_name, download=download, progress=progress)
             weights = load_weights(d, dtype)
             tok = Tokenizer.from_dir(d)
-            model = Transformer(weights, kernels)
+            model = Transformer(weights, kernels, kv)
             model.start_resident()        # the matrices packed into one buffer of RAM in the background
             return cls(model, tok, d)
         except BaseException:
@@ -191,6 +192,11 @@ class GPT2:
     @property
     def dtype(self) -> str:
         return self.model.w.dtype
+
+    @property
+    def kv(self) -> str:
+        """The KV cache's dtype: 'f32' or 'f16'."""
+        return self.model.kv
 
     @property
     def n_ctx(self) -> int:
@@ -347,7 +353,8 @@ class GPT2:
         if getattr(self, "_fingerprint", None):
             return self._fingerprint
         w, c = self.model.w, self.config
-        h = hashlib.sha256(json.dumps([c.n_layer, c.n_embd, c.n_head, c.n_ctx, c.vocab_size, w.dtype]).encode())
+        h = hashlib.sha256(json.dumps([c.n_layer, c.n_embd, c.n_head, c.n_ctx, c.vocab_size, w.dtype,
+                                       self.model.kv]).encode())
         for a in (w.wte[:4], w.wpe[:4], w.ln_f_g, w.ln_f_b, w.layers[0].ln1_g, w.layers[-1].proj_b):
             h.update(np.ascontiguousarray(a).tobytes())
         for a in (getattr(w, "head_s", None), getattr(w.layers[0], "attn_s", None)):   # q8: the quantiser's
@@ -523,7 +530,7 @@ class Session:
         n = len(tokens)
         if n > cfg.n_ctx:
             raise bad(f"{n} tokens, more than the context ({cfg.n_ctx})")
-        expect = _kv_layout(cfg, n)
+        expect, kvt = _kv_layout(cfg, n), self._state.k.dtype
         items = h["items"]
         if len(items) != len(expect):
             raise bad(f"{len(items)} items, expected {len(expect)}")
@@ -537,13 +544,14 @@ class Session:
                 out.append(n)
                 continue
             dt, shape, off, nb = it.get("dtype"), it.get("shape"), it.get("offset"), it.get("nbytes")
-            if dt != np.dtype(np.float32).str or shape != list(want):
-                raise bad(f"array {dt!r} {shape!r}, expected float32 {list(want)}")
-            if type(off) is not int or type(nb) is not int or nb != math.prod(want) * 4 or off != end - data_start:
+            if dt != kvt.str or shape != list(want):
+                raise bad(f"array {dt!r} {shape!r}, expected {kvt} {list(want)}")
+            if type(off) is not int or type(nb) is not int or nb != math.prod(want) * kvt.itemsize \
+                    or off != end - data_start:
                 raise bad("array offsets do not add up")
             if end + nb > len(body):
                 raise bad("array data beyond the end")
-            out.append(np.frombuffer(body, np.float32, count=nb // 4, offset=end).reshape(want))
+            out.append(np.frombuffer(body, kvt, count=nb // kvt.itemsize, offset=end).reshape(want))
             end += nb
         if end != len(body):
             raise bad("trailing bytes")

@@ -34,7 +34,10 @@ ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "a
 # -s values per architecture: index and name, best last.
 FAMILIES = {"x86_64": ["avx2", "avx512"], "aarch64": ["neon", "sme2"]}
 # a family that lacks an op takes it from this one (sme2 has only the matrix-vector products)
-FAMILY_FALLBACK = {"sme2": "neon"}
+# (avx512: the binary16-cache attention, gpt2asm_attention_f16_avx2, serves both x86 families)
+FAMILY_FALLBACK = {"sme2": "neon", "avx512": "avx2"}
+# the dtypes a KV cache may have: float32, or binary16 (State, docs/kernels.md "KV cache")
+KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 ALIGN = 64
 TILE = 64
 SIZE_MAX = (1 << 64) - 1          # what a size_t kernel returns for "none" (gpt2asm_argmax_f32)
@@ -257,12 +260,15 @@ def check(a, name: str, dtype, size: int | None = None, aligned: bool = False, w
     return addr(a)
 
 def check_cache(k, v, writable: bool = False) -> tuple[int, int]:
-    """Validate one layer's key and value caches k, v [H][n_ctx][64] (float32): (H, n_ctx)."""
+    """Validate one layer's key and value caches k, v [H][n_ctx][64] (both float32, or both float16):
+    (H, n_ctx)."""
     if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
         raise InvalidArgumentError("k: expected a cache [n_head][n_ctx][64]")
+    if k.dtype not in KV_DTYPES:
+        raise InvalidArgumentError(f"k: dtype {k.dtype}, expected float32 or float16")
     H, n_ctx, _ = k.shape
-    check(k, "k", np.float32, writable=writable)
-    check(v, "v", np.float32, k.size, writable=writable)
+    check(k, "k", k.dtype, writable=writable)
+    check(v, "v", k.dtype, k.size, writable=writable)
     if v.shape != k.shape:
         raise InvalidArgumentError(f"v: shape {v.shape}, expected {k.shape}")
     return H, n_ctx
@@ -319,12 +325,13 @@ PLAN_HEADER = 128
 JOB_BYTES = 256
 KIND_MATVEC, KIND_QKV, KIND_ATTN, KIND_MATMUL, KIND_ROWLN, KIND_ROWATTN = 0, 1, 2, 3, 4, 5
 PRO_LN, PRO_EMBED, FL_F16, FL_Q8, EPI_GELU, EPI_RESID, FL_ROWS, FL_KV = 1, 2, 4, 8, 0x10, 0x20, 0x40, 0x80
+FL_KV16 = 0x4000              # binary16 caches (bits 8-13 hold the claim shift)
 # u64 slots of a job record (byte offset / 8)
 _J = dict(n=1, chunk=2, w=3, b=4, y=5, n_in=6, x=7, g=8, beta=9, a0=10, a1=11, a2=12, a3=13, a4=14,
           tile_bytes=15, scale=16, ldx=17, ldy=18, ldr=19)
 # u64 slots of the plan header
 _H = dict(token=0, pos=1, n_jobs=2, priv=3, priv_stride=4, C=5, wte=6, wpe=7, x=8, h_off=9, e_off=10,
-          s_off=11, n_tok=12)
+          s_off=11, n_tok=12, kv_off=13)
 # weight dtypes of the tiled matrices -> the job's dtype flag
 _WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16, np.dtype(np.int8): FL_Q8}
 
@@ -400,7 +407,7 @@ class Plan:
         self.k = kernels
         self.jobs: list[tuple[int, int, dict]] = []
         self.keep: list[np.ndarray] = []
-        self.priv_h = self.priv_e = self.priv_s = 0          # floats per thread
+        self.priv_h = self.priv_e = self.priv_s = self.priv_kv = 0    # floats per thread
         self.embed: tuple | None = None                      # (wte, wpe, x)
         self.max_pos: int | None = None                      # positions < max_pos are valid
         self.max_token: int | None = None
@@ -495,6 +502,7 @@ class Plan:
         LayerNorm(ln) give q_h (into q), k_h and v_h (straight into the caches k, v [H][n_ctx][64] at
         pos); then the attention of head h over positions 0..pos into out."""
         H, n_ctx = check_cache(k, v, writable=True)
+        kvflag = self._kv16(k, 1)
         _, n_in, wflag, wf = self._weights(w, scale, 3 * H)
         check(b, "b", np.float32, 3 * H * TILE)
         check(q, "q", np.float32, 3 * H * TILE, writable=True)
@@ -504,7 +512,7 @@ class Plan:
         self.priv_s = max(self.priv_s, -(-n_ctx // 16) * 16)
         f.update(wf, b=self._ptr(b), y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out),
                  a3=n_ctx * HEAD_DIM)
-        return self._add(KIND_QKV, flags | wflag, H, None, f)
+        return self._add(KIND_QKV, flags | wflag | kvflag, H, None, f)
 
     # -- prefill: row jobs over the n_tok rows of a run (set_rows) -----------------------------------
 
@@ -537,7 +545,7 @@ class Plan:
             if n_tiles != 3 * H:
                 raise InvalidArgumentError(f"w: {n_tiles} tiles, expected {3 * H} (c_attn of {H} heads)")
             self._limit_pos(n_ctx)
-            flags, width = flags | FL_KV, H * TILE
+            flags, width = flags | FL_KV | self._kv16(kv[0], check_rows(x, "x", n_in)[0]), H * TILE
             f.update(a0=self._ptr(kv[0]), a1=self._ptr(kv[1]), a3=n_ctx * HEAD_DIM, a4=H)
         f.update(ldx=self._rows(x, "x", n_in), ldy=self._rows(y, "y", width, writable=True), x=addr(x),
                  y=addr(y), b=0 if b is None else self._ptr(b))
@@ -572,22 +580,34 @@ class Plan:
         """For the rows t < n_tok of a run at positions pos + t: out[t] = attention of the query row
         q[t] over cache positions 0 .. pos + t (items: head x row pairs); q, out [R][>= 64 H]."""
         H, n_ctx = check_cache(k, v)
+        kvflag = self._kv16(k, 0)
         f = dict(ldx=self._rows(q, "q", H * HEAD_DIM), ldy=self._rows(out, "out", H * HEAD_DIM, writable=True),
                  y=addr(q), a0=self._ptr(k), a1=self._ptr(v), a2=addr(out), a3=n_ctx * HEAD_DIM)
         if np.may_share_memory(q, out):
             raise InvalidArgumentError("out must not overlap q")
         self._limit_pos(n_ctx)
         self.priv_s = max(self.priv_s, -(-n_ctx // 16) * 16)
-        return self._add(KIND_ROWATTN, FL_ROWS, H, chunk, f)
+        return self._add(KIND_ROWATTN, FL_ROWS | kvflag, H, chunk, f)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, n_pos: int) -> int:
         """Attention of q [H*64] over positions 0..n_pos-1 of k, v [H][n_ctx][64] into out; heads are the items."""
         H, n_ctx = check_attention(q, k, v, n_pos)
+        kvflag = self._kv16(k, 0)
         check(out, "out", np.float32, H * HEAD_DIM, writable=True)
         self.priv_s = max(self.priv_s, -(-int(n_pos) // 16) * 16)
         f = dict(y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out), a3=n_ctx * HEAD_DIM,
                  a4=int(n_pos))
-        return self._add(KIND_ATTN, 0, H, None, f)
+        return self._add(KIND_ATTN, kvflag, H, None, f)
+
+    def _kv16(self, k: np.ndarray, rows: int) -> int:
+        """The cache flag of a job over cache k: FL_KV16 for a binary16 cache, whose k / v rows the job
+        first writes to `rows` float32 staging rows of 64 (a private area's) -- else 0."""
+        if k.dtype != np.float16:
+            return 0
+        if self.k.attention_f16 is None:
+            raise KernelUnavailableError(f"the {self.k.family} family has no binary16-cache attention")
+        self.priv_kv = max(self.priv_kv, rows * HEAD_DIM)
+        return FL_KV16
 
     def _add(self, kind: int, flags: int, n_items: int, chunk: int | None, fields: dict) -> int:
         if self.buf is not None:
@@ -615,9 +635,11 @@ class Plan:
         r16 = lambda f: -(-f // 16) * 16                         # noqa: E731  floats -> 64-byte multiple
         h_off, e_off = 0, 4 * r16(self.priv_h)
         s_off = e_off + 4 * r16(self.priv_e)
-        stride = max(64, s_off + 4 * r16(self.priv_s))
+        kv_off = s_off + 4 * r16(self.priv_s)
+        stride = max(64, kv_off + 4 * r16(self.priv_kv))
         self.priv = _aligned_zeros(stride * self.k.threads)
-        hdr = dict(n_jobs=n, priv=addr(self.priv), priv_stride=stride, h_off=h_off, e_off=e_off, s_off=s_off)
+        hdr = dict(n_jobs=n, priv=addr(self.priv), priv_stride=stride, h_off=h_off, e_off=e_off, s_off=s_off,
+                   kv_off=kv_off)
         if self.embed is not None:
             wte, wpe, x = self.embed
             hdr.update(C=wte.shape[1], wte=addr(wte), wpe=addr(wpe), x=addr(x))
@@ -707,6 +729,11 @@ class Kernels:
         #                                  float *scratch, size_t n_pos, size_t head_stride,
         #                                  size_t head_begin, size_t head_end);
         self.attention_f32 = self._bind(self._symbol("attention_f32"), [P, P, P, P, P, N, N, N, N])
+        # void gpt2asm_attention_f16_avx2(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+        #                                 float *scratch, size_t n_pos, size_t head_stride,
+        #                                 size_t head_begin, size_t head_end);   (x86: a binary16 cache)
+        f16 = self._symbol("attention_f16")
+        self.attention_f16 = self._bind(f16, [P, P, P, P, P, N, N, N, N]) if hasattr(self.lib, f16) else None
         # size_t gpt2asm_argmax_f32_<isa>(const float *x, size_t n);   (SIZE_MAX: a NaN or +-inf in x)
         self.argmax_f32 = self._bind(self._symbol("argmax_f32"), [P, N])
         self.argmax_f32.restype = c_size_t
@@ -939,7 +966,8 @@ class Kernels:
         return y
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, n_pos: int) -> np.ndarray:
-        """Attention of one query q [n_head*64] over cache k, v [n_head][n_ctx][64], positions < n_pos."""
+        """Attention of one query q [n_head*64] over cache k, v [n_head][n_ctx][64] (float32 or float16),
+        positions < n_pos."""
         n_head, n_ctx = check_attention(q, k, v, n_pos)
         out = np.empty(n_head * HEAD_DIM, np.float32)
         if self.has_plan:
@@ -947,6 +975,8 @@ class Kernels:
             p.attention(q, k, v, out, int(n_pos))
             self.run_plan(p.build())
             return out
+        if k.dtype == np.float16:          # no plan (Arm): the float32 kernel on the rows widened exactly
+            k, v, n_ctx = k[:, :n_pos].astype(np.float32), v[:, :n_pos].astype(np.float32), int(n_pos)
         scratch = [np.empty(-(-n_pos // 16) * 16, np.float32) for _ in range(self.threads)]
         self.run(*self.attention_job(addr(q), addr(k), addr(v), addr(out), [addr(s) for s in scratch],
                                      int(n_pos), n_ctx * HEAD_DIM, n_head))

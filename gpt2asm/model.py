@@ -46,9 +46,20 @@ def scale(obj, name: str) -> np.ndarray | None:
     return getattr(obj, name + "_s", None)
 
 
+KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
+
+
 class Transformer:
-    def __init__(self, weights: Weights, kernels: Kernels):
+    def __init__(self, weights: Weights, kernels: Kernels, kv: str | None = None):
+        """kv: the KV cache's dtype, 'f32' or 'f16'; None: float32 for float32 weights (PyTorch's numbers),
+        binary16 for the f16 and q8 dtypes (half the bytes attention streams; each row rounded once, when
+        written, to nearest even)."""
         self.w, self.k, self.cfg = weights, kernels, weights.config
+        if kv is None:
+            kv = "f32" if weights.dtype == "f32" else "f16"
+        if not isinstance(kv, str) or kv not in KV_DTYPES:
+            raise InvalidArgumentError(f"kv cache dtype must be one of {', '.join(KV_DTYPES)}, got {kv!r}")
+        self.kv, self.kv_dtype = kv, KV_DTYPES[kv]
         self._validate()
         self.n_tiles_head = -(-self.cfg.vocab_size // 64)
         self.arrays = object()          # identity of the weight arrays the states' plans point at
@@ -106,7 +117,7 @@ class Transformer:
         yield "head_w", self.w.head_w, scale(self.w, "head"), C, self.cfg.vocab_size
 
     def new_state(self) -> State:
-        return State(self.cfg, self.k.threads)
+        return State(self.cfg, self.k.threads, self.kv_dtype)
 
     # -- the plan ------------------------------------------------------------------------------------
 
@@ -281,10 +292,11 @@ class Transformer:
         K = self.k
         K.layernorm_f32(addr(s.x), addr(L.ln1_g), addr(L.ln1_b), addr(s.h), C)
         self._matvec(L.attn_w, scale(L, "attn"), addr(s.h), L.attn_b, addr(s.qkv), C)  # qkv [3C] = h W + b
-        s.k[i, :, pos] = s.qkv[C:2 * C].reshape(H, HEAD_DIM)               # cache this position
-        s.v[i, :, pos] = s.qkv[2 * C:3 * C].reshape(H, HEAD_DIM)
-        K.run(*K.attention_job(addr(s.qkv), addr(s.k[i]), addr(s.v[i]), addr(s.att),
-                               [addr(a) for a in s.scratch], pos + 1, self.cfg.n_ctx * HEAD_DIM, H))
+        s.k[i, :, pos] = s.qkv[C:2 * C].reshape(H, HEAD_DIM)               # cache this position (a binary16
+        s.v[i, :, pos] = s.qkv[2 * C:3 * C].reshape(H, HEAD_DIM)           # cache: rounded to nearest even)
+        k, v, stride = self._kv(s, i, pos + 1)
+        K.run(*K.attention_job(addr(s.qkv), addr(k), addr(v), addr(s.att), [addr(a) for a in s.scratch],
+                               pos + 1, stride, H))
         self._matvec(L.attn_proj_w, scale(L, "attn_proj"), addr(s.att), L.attn_proj_b, addr(s.proj), C)
         np.add(s.x, s.proj[:C], out=s.x)                                   # x += attn
         K.layernorm_f32(addr(s.x), addr(L.ln2_g), addr(L.ln2_b), addr(s.h), C)
@@ -292,6 +304,13 @@ class Transformer:
         K.gelu_f32(addr(s.fc), addr(s.fc), 4 * C)
         self._matvec(L.proj_w, scale(L, "proj"), addr(s.fc), L.proj_b, addr(s.proj), 4 * C)
         np.add(s.x, s.proj[:C], out=s.x)                                   # x += mlp
+
+    def _kv(self, s: State, i: int, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Layer i's cache as gpt2asm_attention_f32 reads positions < n: (k, v, head stride) -- the cache
+        itself, or a binary16 cache's rows widened exactly (the operations of gpt2asm_attention_f16)."""
+        if s.k.dtype == np.float32:
+            return s.k[i], s.v[i], self.cfg.n_ctx * HEAD_DIM
+        return s.k[i, :, :n].astype(np.float32), s.v[i, :, :n].astype(np.float32), n * HEAD_DIM
 
     def _embed(self, s: State, token: int, pos: int) -> None:
         np.add(self.w.wte[token], self.w.wpe[pos], out=s.x)
@@ -327,9 +346,10 @@ class Transformer:
         self._matmul(L.attn_w, scale(L, "attn"), r.h, L.attn_b, qkv, T, C)     # qkv [T][3C]
         s.k[i, :, pos:pos + T] = qkv[:T, C:2 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)   # cache rows
         s.v[i, :, pos:pos + T] = qkv[:T, 2 * C:3 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)
+        k, v, stride = self._kv(s, i, pos + T)
         for t in range(T):                                                   # row t: positions 0 .. pos + t
-            K.run(*K.attention_job(addr(qkv[t]), addr(s.k[i]), addr(s.v[i]), addr(r.att[t]),
-                                   [addr(a) for a in s.scratch], pos + t + 1, self.cfg.n_ctx * HEAD_DIM, H))
+            K.run(*K.attention_job(addr(qkv[t]), addr(k), addr(v), addr(r.att[t]), [addr(a) for a in s.scratch],
+                                   pos + t + 1, stride, H))
         self._matmul(L.attn_proj_w, scale(L, "attn_proj"), r.att, L.attn_proj_b, r.y, T, C)
         np.add(x, r.y[:T, :C], out=x)                                        # x += attn
         for t in range(T):

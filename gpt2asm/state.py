@@ -1,7 +1,8 @@
 """Per-sequence state: the KV cache and the activation buffers of one forward step.
 
-KV cache layout (docs/kernels.md, attention): k, v [n_layer][n_head][n_ctx][64] float32 — each head's
-keys and values contiguous, so attention streams them in position order.
+KV cache layout (docs/kernels.md, attention): k, v [n_layer][n_head][n_ctx][64] float32, or binary16
+(the f16 and q8 weight dtypes: model.Transformer.kv_dtype) — each head's keys and values contiguous, so
+attention streams them in position order.
 
 The step plan (model.Transformer.build_plan) holds the addresses of these arrays: they are allocated
 once here and only ever written in place (restore() copies into them), never replaced.  The row buffers
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import GPT2Config
+from .errors import InvalidArgumentError
 from .kernels import HEAD_DIM, TILE
 from .weights import aligned_zeros
 
@@ -26,11 +28,11 @@ def zeros(shape) -> np.ndarray:
 
 
 class State:
-    def __init__(self, cfg: GPT2Config, threads: int = 1):
+    def __init__(self, cfg: GPT2Config, threads: int = 1, kv_dtype=np.float32):
         C, L, H, T = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_ctx
         self.cfg = cfg
-        self.k = zeros((L, H, T, HEAD_DIM))         # [layer][head][pos][64]
-        self.v = zeros((L, H, T, HEAD_DIM))
+        self.k = aligned_zeros((L, H, T, HEAD_DIM), kv_dtype)      # [layer][head][pos][64]
+        self.v = aligned_zeros((L, H, T, HEAD_DIM), kv_dtype)
         self.x = zeros(C)                           # residual stream
         self.h = zeros(C)                           # LayerNorm output
         self.qkv = zeros(padded(3 * C))             # q | k | v, heads side by side
@@ -62,6 +64,8 @@ class State:
 
     def restore(self, snap: tuple[int, np.ndarray, np.ndarray]) -> None:
         n, k, v = snap
+        if k.dtype != self.k.dtype or v.dtype != self.k.dtype:
+            raise InvalidArgumentError(f"snapshot of a {k.dtype} cache, this one is {self.k.dtype}")
         self.k[:, :, :n] = k
         self.v[:, :, :n] = v
         self.n = n

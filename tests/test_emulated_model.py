@@ -136,6 +136,8 @@ class DifferentialKernels(Kernels):
         return "avx512"
 
     def _bind(self, name, argtypes):
+        if not name.endswith("_avx512"):        # avx2 kernels the avx512 family shares (attention_f16)
+            return super()._bind(name, argtypes)
         op = name[len("gpt2asm_"):-len("_avx512")]
         if op == "plan_run":                    # a whole step: not comparable call by call (unused here)
             return self.emulator.bind(name)

@@ -16,8 +16,10 @@ from test_model import fingerprint
 PROMPTS = ["Alan Turing theorized that computers would one day become", "日本語 and émojis 🙂 too"]
 STEPS = 8
 CHECKPOINT_SHA256 = "c1bc16bc2a9a695fa92e15660e4bc5c502f79a814ace6f5525cb71cd46996285"   # tiny-hf, seed 1
-PINNED = {"f32": "da2d2b23e9b41a544a4da45c56e9a238df68441bb854d65b86bf434975c7b7ed",
-          "f16": "9eb7876ea7ca6db07bc8528ea8e0dfd8be219a23096693b9eaed1155111099fe"}
+# (weight dtype, KV cache dtype; None = the default: f32 with f32 weights, f16 with f16 weights)
+PINNED = {("f32", None): "da2d2b23e9b41a544a4da45c56e9a238df68441bb854d65b86bf434975c7b7ed",
+          ("f16", None): "7c3d11101eaa809fc94f3b83227560b7efc3c5fd79dad0004942e95f23f01449",
+          ("f16", "f32"): "9eb7876ea7ca6db07bc8528ea8e0dfd8be219a23096693b9eaed1155111099fe"}
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +27,16 @@ def same_checkpoint(ckpt_tiny) -> bool:
     return hashlib.sha256((ckpt_tiny / "model.safetensors").read_bytes()).hexdigest() == CHECKPOINT_SHA256
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_fingerprint_pinned_on_every_family(ckpt_tiny, families, same_checkpoint, dtype):
+@pytest.mark.parametrize("dtype, kv", list(PINNED), ids=lambda p: str(p))
+def test_fingerprint_pinned_on_every_family(ckpt_tiny, families, same_checkpoint, dtype, kv):
     got = {}
     for fam in families:
         for threads in (1, 2):
-            m = GPT2.load(ckpt_tiny, dtype=dtype, isa=fam, threads=threads)
+            m = GPT2.load(ckpt_tiny, dtype=dtype, isa=fam, threads=threads, kv=kv)
             got[fam, threads] = fingerprint(m, PROMPTS, STEPS)[0]
             m.close()
     assert len(set(got.values())) == 1, got
     if not same_checkpoint:
         pytest.skip("the random checkpoint generator produced other weights (numpy changed?): "
                     "families agree with each other, the pinned x86 value cannot be compared")
-    assert set(got.values()) == {PINNED[dtype]}, got
+    assert set(got.values()) == {PINNED[dtype, kv]}, got

@@ -79,7 +79,8 @@ def bind(lib: ctypes.CDLL, family: str) -> ctypes.CDLL:
         fn.argtypes, fn.restype = [P, P, P, P, S, S, S], None
     fn = getattr(lib, f"gpt2asm_matvec_q8_{family}")
     fn.argtypes, fn.restype = [P, P, P, P, P, S, S, S], None
-    for op, sig in ops.SIGS.items():
+    for op in ops.F32_OPS:
+        sig = ops.SIGS[op]
         fn = getattr(lib, f"gpt2asm_{op}_f32_{family}")
         fn.argtypes, fn.restype = [S if k == "n" else P for k in sig], None
     return lib

@@ -63,7 +63,11 @@ SIGS = {
     "softmax": "ion",
     "layernorm": "iiion",
     "attention": "iiiownnnn",
+    "attention16": "iiiownnnn",                  # gpt2asm_attention_f16_avx2: k, v binary16
 }
+# ops whose symbol is not gpt2asm_<op>_f32_<isa> (only for these ISAs), and the others
+SYMBOLS = {("attention16", "avx2"): "gpt2asm_attention_f16_avx2"}
+F32_OPS = [op for op in SIGS if op not in {o for o, _ in SYMBOLS}]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,11 +89,17 @@ def load_lib(build: bool = True) -> ctypes.CDLL:
         lib.gpt2asm_xgetbv.restype = ctypes.c_uint64
         for op, sig in SIGS.items():
             for isa in ISAS:
-                fn = getattr(lib, f"gpt2asm_{op}_f32_{isa}")
+                if op not in F32_OPS and (op, isa) not in SYMBOLS:
+                    continue
+                fn = getattr(lib, symbol(op, isa))
                 fn.argtypes = [ctypes.c_size_t if k == "n" else ctypes.c_void_p for k in sig]
                 fn.restype = None
         _LIB = lib
     return _LIB
+
+
+def symbol(op: str, isa: str) -> str:
+    return SYMBOLS.get((op, isa), f"gpt2asm_{op}_f32_{isa}")
 
 
 def isas_from_cpuid(cpuid, xgetbv) -> set[str]:
@@ -200,12 +210,12 @@ class Native:
             if k == "n":
                 cargs.append(int(a))
                 continue
-            assert a.dtype == np.float32 and a.flags.c_contiguous
+            assert a.dtype in (np.float32, np.float16) and a.flags.c_contiguous
             g = placed.get(id(a))
             if g is None:
                 g = placed[id(a)] = Guarded(a, next(self._mis), next(self._seed))
             cargs.append(g.addr)
-        self._invoke(f"gpt2asm_{op}_f32_{self.isa}", cargs)
+        self._invoke(symbol(op, self.isa), cargs)
         for k, a in zip(sig, args):
             if k == "n":
                 continue
@@ -1015,6 +1025,58 @@ def test_attention_scratch_is_exactly_roundup16(variant):
         q, k, v = attn_case(rng, 2, n_pos, n_pos)
         got = attn(variant, q, k, v, n_pos, 1, 2)
         assert_model(got, attention_c(q, k, v, n_pos, 1, 2), f"n_pos={n_pos}")
+
+
+# --------------------------------------------------------------------------------------------------
+# attention over a binary16 cache: gpt2asm_attention_f16_avx2 (the avx2 and avx512 families' kernel)
+
+def attn16(q, k16, v16, n_pos, hb, he):
+    """gpt2asm_attention_f16_avx2 natively (guarded, misaligned buffers), and the f32 kernel of the same
+    runner on the rows widened to float32: their outputs, which the contract says are the same bits."""
+    r = runner("avx2")
+    n_head, n_ctx = k16.shape[:2]
+    out = np.full(n_head * HEAD, OUT_FILL, F32)
+    scratch = np.full(-(-n_pos // 16) * 16, OUT_FILL, F32)
+    r("attention16", q, k16, v16, out, scratch, n_pos, n_ctx * HEAD, hb, he)
+    untouched = np.ones(n_head * HEAD, bool)
+    untouched[hb * HEAD:he * HEAD] = False
+    assert same_bits(out[untouched], np.full(untouched.sum(), OUT_FILL, F32)), "wrote other heads"
+    return out[hb * HEAD:he * HEAD], attn(r, q, k16.astype(F32), v16.astype(F32), n_pos, hb, he)
+
+
+@pytest.mark.parametrize("n_pos,heads", [c for c in ATTN_CASES if c[1] != (11, 12)])
+def test_attention_f16_is_f32_on_widened_rows(n_pos, heads):
+    """The binary16-cache kernel: bit for bit the f32 kernel on the widened rows and the contract
+    model, within the f32 kernel's bound of float64 attention on the stored values; cache rows past
+    n_pos (NaN) are never read."""
+    hb, he = heads
+    rng = np.random.default_rng(n_pos * 100 + hb + 7)
+    n_ctx = n_pos + int(rng.integers(0, 20))
+    q, k, v = attn_case(rng, 12, n_ctx, n_pos)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    got, want = attn16(q, k16, v16, n_pos, hb, he)
+    assert same_bits(got, want)
+    kw, vw = k16.astype(F32), v16.astype(F32)
+    assert_model(got, attention_c(q, kw, vw, n_pos, hb, he), f"attention f16 n_pos={n_pos} heads={heads}")
+    assert np.all(np.abs(got - attention64(q, kw, vw, n_pos, hb, he)) <= attn_bound(q, kw, vw, n_pos, hb, he))
+
+
+def test_attention_f16_extreme_halves():
+    """binary16 extremes in the cache: the largest finite half (65504), subnormal halves (2^-24 ..),
+    signed zeros, an infinite value row (inf / NaN outputs as the f32 kernel gives them) -- all widened
+    exactly, so still the f32 kernel's bits."""
+    rng = np.random.default_rng(3)
+    for n_pos in (1, 5, 19, 64):
+        q, k, v = attn_case(rng, 3, n_pos + 3, n_pos, qscale=0.01)
+        k16, v16 = k.astype(np.float16), v.astype(np.float16)
+        k16[0, :n_pos, ::3] = np.float16(65504)
+        k16[1, :n_pos] = (rng.integers(-1023, 1024, (n_pos, HEAD)) * 2.0 ** -24).astype(np.float16)  # subnormal
+        v16[1, :n_pos, ::2] = np.float16(-0.0)
+        v16[2, :n_pos, 5] = np.float16(65504)
+        v16[2, n_pos - 1, 7] = np.float16(np.inf)
+        got, want = attn16(q, k16, v16, n_pos, 0, 3)
+        assert same_bits(got, want) or np.array_equal(got, want, equal_nan=True), n_pos
+        assert_model(got, attention_c(q, k16.astype(F32), v16.astype(F32), n_pos, 0, 3), f"extremes n_pos={n_pos}")
 
 
 # --------------------------------------------------------------------------------------------------

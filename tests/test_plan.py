@@ -344,6 +344,64 @@ def test_checked_kernels_through_the_emulated_avx512_plan(families):
         assert np.array_equal(bits(k.matvec(w16, x, b)), bits(native.matvec(w16, x, b)))
         for n_pos in (1, 17, 20):
             assert np.array_equal(bits(k.attention(q, kc, vc, n_pos)), bits(native.attention(q, kc, vc, n_pos)))
+        k16, v16 = kc.astype(np.float16), vc.astype(np.float16)        # a binary16 cache: ATTN with KV16
+        for n_pos in (1, 17):
+            assert np.array_equal(bits(k.attention(q, k16, v16, n_pos)), bits(native.attention(q, k16, v16, n_pos)))
+
+
+def _rounding_biases(rng, n: int) -> np.ndarray:
+    """n float32 values on and around binary16 rounding boundaries (ties to even either way, the top
+    of the range and past it, subnormal halves and below them, signed values), then normals."""
+    e = [1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, -(1 + 2.0 ** -11), 65504, 65519, 65520, -65520, 1e9,
+         2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -25, -2.0 ** -25, 2.0 ** -14, 2.0 ** -14 - 2.0 ** -25, 1e-8,
+         -0.0, 0.0, 1 / 3, -2 / 3, 1234.5678, np.nextafter(np.float32(2.0 ** -24), np.float32(0))]
+    b = rng.standard_normal(n).astype(np.float32) * np.float32(3)
+    b[:len(e)] = np.array(e, np.float32)
+    return rng.permutation(b).astype(np.float32)
+
+
+def test_binary16_cache_rows_round_as_numpy(families):
+    """The plan's writes into a binary16 KV cache -- QKV of a step and MATMUL+KV of a prefill run: the
+    kernel's float32 outputs into a staging row, then vcvtps2ph -- round as numpy's astype(float16),
+    which the per-call path uses: ties to even, overflow to inf, subnormal halves, signs.  c_attn has
+    zero weights here, so its outputs are exactly 0 + bias, chosen on the rounding boundaries."""
+    H, C, n_ctx, R = 2, 128, 12, 5
+    rng = np.random.default_rng(16)
+
+    def half(a):                                              # numpy's rounding (overflow to inf: expected)
+        with np.errstate(over="ignore"):
+            return np.asarray(a, np.float32).astype(np.float16).view(np.uint16)
+    w = tile_matrix(np.zeros((C, 3 * C), np.float32))
+    for fam in families:
+        for threads in (1, 2):
+            k = Kernels(fam, threads)
+            kc, vc = aligned_zeros((H, n_ctx, 64), np.float16), aligned_zeros((H, n_ctx, 64), np.float16)
+            # a step at position 3 (QKV job)
+            b = _rounding_biases(rng, 3 * C)
+            src = rng.standard_normal(C).astype(np.float32)
+            q, out = np.zeros(3 * C, np.float32), np.zeros(C, np.float32)
+            p = k.new_plan()
+            p.qkv_attention(w, b, q, kc, vc, out, ln=(src, np.ones(C, np.float32), np.zeros(C, np.float32)))
+            p.build()
+            p.set_step(0, 3)
+            k.run_plan(p)
+            y = np.float32(0) + b                                 # the kernel's outputs
+            assert np.array_equal(kc[:, 3].view(np.uint16), half(y[C:2 * C]).reshape(H, 64))
+            assert np.array_equal(vc[:, 3].view(np.uint16), half(y[2 * C:]).reshape(H, 64))
+            # a prefill run of 4 rows at positions 6 .. 9 (MATMUL+KV job)
+            b = _rounding_biases(rng, 3 * C)
+            x, yq = rng.standard_normal((R, C)).astype(np.float32), np.zeros((R, C), np.float32)
+            p = k.new_plan()
+            p.matmul(w, x, b, yq, kv=(kc, vc))
+            p.build()
+            p.set_rows(4, 6)
+            k.run_plan(p)
+            y = np.float32(0) + b
+            for t in range(4):
+                assert np.array_equal(kc[:, 6 + t].view(np.uint16), half(y[C:2 * C]).reshape(H, 64)), (fam, threads, t)
+                assert np.array_equal(vc[:, 6 + t].view(np.uint16), half(y[2 * C:]).reshape(H, 64)), (fam, threads, t)
+            assert not kc[:, 10:].any() and not kc[:, 4:6].any()  # nothing else written
+            k.close()
 
 
 # --------------------------------------------------------------------------------------------------

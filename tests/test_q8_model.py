@@ -76,7 +76,7 @@ def dequantised_checkpoint(src: Path, dst: Path) -> Path:
 
 def test_q8_wiring_matches_f32_on_dequantised_weights(ckpt_tiny, tmp_path):
     deq = dequantised_checkpoint(ckpt_tiny, tmp_path / "deq")
-    with GPT2.load(ckpt_tiny, dtype="q8") as q, GPT2.load(deq, dtype="f32") as f:
+    with GPT2.load(ckpt_tiny, dtype="q8", kv="f32") as q, GPT2.load(deq, dtype="f32") as f:
         ids = q.encode(PROMPT)
         lq, lf = q.logits(ids), f.logits(ids)
     err = float(np.abs(lq - lf).max()) / float(lf.std())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Greedy parity with Hugging Face transformers (PyTorch, fp32): prints ALL PASS or what differs.
 
-    python tools/verify.py --model DIR [--dtype f32|f16|q8] [-s ISA] [-j N]
+    python tools/verify.py --model DIR [--dtype f32|f16|q8] [--kv f32|f16] [-s ISA] [-j N]
 
 - 12 tokenizer cases: our ids must equal GPT2TokenizerFast's;
 - 4 prompts x 40 greedy tokens: our ids must equal GPT2LMHeadModel.generate's (fp32, greedy).
@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=os.environ.get("GPT2ASM_MODEL", "."), help="model directory")
     ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8"],
                     help="weight dtype (q8: greedy agreement reported, not required)")
+    ap.add_argument("--kv", default=None, choices=["f32", "f16"],
+                    help="KV cache dtype (default: f32 with f32 weights, f16 with f16 and q8)")
     ap.add_argument("-s", dest="isa", default=None, help="kernel family (default: best)")
     ap.add_argument("-j", dest="threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -57,8 +59,9 @@ def main(argv=None) -> int:
     from gpt2asm import GPT2
     from gpt2asm.files import find_model_dir
     d = find_model_dir(a.model)
-    ours = GPT2.load(d, dtype=a.dtype, isa=a.isa, threads=a.threads)
-    print(f"model {d}{' (random weights)' if ours.random_init else ''}, {ours.isa}, {a.dtype}, -j {a.threads}")
+    ours = GPT2.load(d, dtype=a.dtype, isa=a.isa, threads=a.threads, kv=a.kv)
+    print(f"model {d}{' (random weights)' if ours.random_init else ''}, {ours.isa}, {a.dtype}, KV cache {ours.kv}, "
+          f"-j {a.threads}")
     failures = 0
 
     tok = hf_tokenizer(d)

@@ -4,43 +4,59 @@
  * Per head: scores (4 positions per step: per position two ymm partial sums = the 16 lanes of dot64,
  * then the hsum16 tree of the 4 positions transposed into one xmm), softmax in scratch (the same
  * macro as gpt2asm_softmax_f32_avx2), then p.V with the 64 outputs in 8 ymm accumulators and one
- * broadcast of p_t per position.  K and V rows are streamed once each.
+ * broadcast of p_t per position.  K and V rows are streamed once each.  The same code serves a float32
+ * cache and a binary16 one (gpt2asm_attention_f16_avx2: each row widened exactly with vcvtph2ps).
  */
 #include "asm.S"
 #include "math_avx2.h"
 
 /*
- * dotpos_avx2 r, p, d
- *   xmm\r = lanes s[0..3] of dot64(q, row) after the w = 8 and w = 4 steps of the hsum16 tree, for the
- *   row of 64 floats at \d(\p); q is in ymm8-15 (q[0:8], q[8:16], ..., q[56:64]).
- *     acc[j] = +0.0;  acc[j] = fma(q[16c+j], row[16c+j], acc[j]) for c = 0..3   (ymm4: j < 8, ymm5)
- *   Clobbers ymm4, ymm5.
+ * kvrow es, op, off, d, p, acc, tmp
+ *   acc = fma(\op, row[8 elements from element \off of the row at \d(\p)], acc): with es = 4 (a float32
+ *   cache) the row is the FMA's memory operand; with es = 2 (binary16) it is widened exactly first
+ *   (vcvtph2ps into ymm\tmp), so both compute the same float32 operations on the same values.
  */
-        .macro  dotpos_avx2 r, p, d
+        .macro  kvrow es, op, off, d, p, acc, tmp
+        .if \es == 4
+        vfmadd231ps \d+\off*4(\p), \op, \acc
+        .else
+        vcvtph2ps   \d+\off*2(\p), %ymm\tmp
+        vfmadd231ps %ymm\tmp, \op, \acc
+        .endif
+        .endm
+
+/*
+ * dotpos_avx2 es, r, p, d
+ *   xmm\r = lanes s[0..3] of dot64(q, row) after the w = 8 and w = 4 steps of the hsum16 tree, for the
+ *   row of 64 elements (es bytes each) at \d(\p); q is in ymm8-15 (q[0:8], q[8:16], ..., q[56:64]).
+ *     acc[j] = +0.0;  acc[j] = fma(q[16c+j], row[16c+j], acc[j]) for c = 0..3   (ymm4: j < 8, ymm5)
+ *   Clobbers ymm4-7.
+ */
+        .macro  dotpos_avx2 es, r, p, d
         vxorps      %ymm4, %ymm4, %ymm4
         vxorps      %ymm5, %ymm5, %ymm5
-        vfmadd231ps \d+  0(\p), %ymm8,  %ymm4       // c = 0, lanes 0-7
-        vfmadd231ps \d+ 32(\p), %ymm9,  %ymm5       // c = 0, lanes 8-15
-        vfmadd231ps \d+ 64(\p), %ymm10, %ymm4       // c = 1
-        vfmadd231ps \d+ 96(\p), %ymm11, %ymm5
-        vfmadd231ps \d+128(\p), %ymm12, %ymm4       // c = 2
-        vfmadd231ps \d+160(\p), %ymm13, %ymm5
-        vfmadd231ps \d+192(\p), %ymm14, %ymm4       // c = 3
-        vfmadd231ps \d+224(\p), %ymm15, %ymm5
+        kvrow       \es, %ymm8,   0, \d, \p, %ymm4, 6     // c = 0, lanes 0-7
+        kvrow       \es, %ymm9,   8, \d, \p, %ymm5, 7     // c = 0, lanes 8-15
+        kvrow       \es, %ymm10, 16, \d, \p, %ymm4, 6     // c = 1
+        kvrow       \es, %ymm11, 24, \d, \p, %ymm5, 7
+        kvrow       \es, %ymm12, 32, \d, \p, %ymm4, 6     // c = 2
+        kvrow       \es, %ymm13, 40, \d, \p, %ymm5, 7
+        kvrow       \es, %ymm14, 48, \d, \p, %ymm4, 6     // c = 3
+        kvrow       \es, %ymm15, 56, \d, \p, %ymm5, 7
         vaddps      %ymm5, %ymm4, %ymm4             // w = 8
         vextractf128 $1, %ymm4, %xmm5
         vaddps      %xmm5, %xmm4, %xmm\r            // w = 4
         .endm
 
 /*
- * dot4_avx2 p0, d0, p1, d1, p2, d2, p3, d3
+ * dot4_avx2 es, p0, d0, p1, d1, p2, d2, p3, d3
  *   xmm0 = { dot64(q, row_i) * 0.125f : i = 0..3 } for the rows at \di(\pi).  Clobbers ymm0-7.
  */
-        .macro  dot4_avx2 p0, d0, p1, d1, p2, d2, p3, d3
-        dotpos_avx2 0, \p0, \d0
-        dotpos_avx2 1, \p1, \d1
-        dotpos_avx2 2, \p2, \d2
-        dotpos_avx2 3, \p3, \d3
+        .macro  dot4_avx2 es, p0, d0, p1, d1, p2, d2, p3, d3
+        dotpos_avx2 \es, 0, \p0, \d0
+        dotpos_avx2 \es, 1, \p1, \d1
+        dotpos_avx2 \es, 2, \p2, \d2
+        dotpos_avx2 \es, 3, \p3, \d3
         vshufps     $0x44, %xmm1, %xmm0, %xmm4      // r0[0] r0[1] r1[0] r1[1]
         vshufps     $0xEE, %xmm1, %xmm0, %xmm5      // r0[2] r0[3] r1[2] r1[3]
         vaddps      %xmm5, %xmm4, %xmm0             // w = 2 (positions 0, 1)
@@ -57,14 +73,19 @@
  * void gpt2asm_attention_f32_avx2(const float *q, const float *k, const float *v, float *out,
  *                                 float *scratch, size_t n_pos, size_t head_stride,
  *                                 size_t head_begin, size_t head_end);
+ * void gpt2asm_attention_f16_avx2(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+ *                                 float *scratch, size_t n_pos, size_t head_stride,
+ *                                 size_t head_begin, size_t head_end);     (binary16 cache, F16C)
  *
- *   for h in [head_begin, head_end):
+ *   for h in [head_begin, head_end):   (the f16 kernel: the same operations on the cache rows widened
+ *                                       exactly to float32; head_stride counts elements in both)
  *     s_t    = dot64(q_h, k_h[t]) * 0.125f                 t < n_pos   (k_h = k + h*head_stride)
  *     p      = softmax(s)                                  (in scratch, as gpt2asm_softmax_f32)
  *     out_h  = sum_t p_t v_h[t]   (o = +0.0; o = fma(p_t, v_h[t], o) for t = 0, 1, ...)
  *   scratch: roundup16(n_pos) floats; n_pos >= 1.
  */
-function gpt2asm_attention_f32_avx2
+        .macro  attention_avx2 name, es
+function \name
         pushq       %rbx
         pushq       %rbp
         pushq       %r12
@@ -73,7 +94,7 @@ function gpt2asm_attention_f32_avx2
         pushq       %r15
         pushq       %rcx                            // out, reloaded per head
         movq        64(%rsp), %r12
-        shlq        $2, %r12                        // head stride in bytes
+        shlq        $(\es/2), %r12                  // head stride in bytes
         movq        72(%rsp), %r13                  // h = head_begin
         movq        80(%rsp), %r14                  // head_end
         movrel      %r11, math_avx2
@@ -102,9 +123,9 @@ function gpt2asm_attention_f32_avx2
         testq       %r10, %r10
         jz          3f
 2:
-        dot4_avx2   %r15, 0, %r15, 256, %r15, 512, %r15, 768
+        dot4_avx2   \es, %r15, 0, %r15, 64*\es, %r15, 128*\es, %r15, 192*\es
         vmovups     %xmm0, (%r8,%rax,4)
-        addq        $1024, %r15
+        addq        $256*\es, %r15
         addq        $4, %rax
         cmpq        %r10, %rax
         jb          2b
@@ -113,12 +134,12 @@ function gpt2asm_attention_f32_avx2
         je          4f
         movq        %r9, %rbx
         subq        %r10, %rbx                      // 1..3 rows left: the missing ones repeat
-        leaq        256(%r15), %r10                 // the last row (no over-read); their scores
-        leaq        512(%r15), %rcx                 // land in scratch[n_pos .. roundup4(n_pos))
+        leaq        64*\es(%r15), %r10              // the last row (no over-read); their scores
+        leaq        128*\es(%r15), %rcx             // land in scratch[n_pos .. roundup4(n_pos))
         cmpq        $2, %rbx
         cmovbq      %r15, %r10
         cmovbeq     %r10, %rcx
-        dot4_avx2   %r15, 0, %r10, 0, %rcx, 0, %rcx, 0
+        dot4_avx2   \es, %r15, 0, %r10, 0, %rcx, 0, %rcx, 0
         vmovups     %xmm0, (%r8,%rax,4)
 4:
         /* p = softmax(s), in place */
@@ -141,23 +162,23 @@ function gpt2asm_attention_f32_avx2
 5:
         vbroadcastss  (%r8,%r10,4), %ymm8           // p_t
         vbroadcastss 4(%r8,%r10,4), %ymm9           // p_t+1
-        vfmadd231ps   0(%rax), %ymm8, %ymm0         // o = fma(p_t, v_t, o)
-        vfmadd231ps  32(%rax), %ymm8, %ymm1
-        vfmadd231ps  64(%rax), %ymm8, %ymm2
-        vfmadd231ps  96(%rax), %ymm8, %ymm3
-        vfmadd231ps 128(%rax), %ymm8, %ymm4
-        vfmadd231ps 160(%rax), %ymm8, %ymm5
-        vfmadd231ps 192(%rax), %ymm8, %ymm6
-        vfmadd231ps 224(%rax), %ymm8, %ymm7
-        vfmadd231ps 256(%rax), %ymm9, %ymm0
-        vfmadd231ps 288(%rax), %ymm9, %ymm1
-        vfmadd231ps 320(%rax), %ymm9, %ymm2
-        vfmadd231ps 352(%rax), %ymm9, %ymm3
-        vfmadd231ps 384(%rax), %ymm9, %ymm4
-        vfmadd231ps 416(%rax), %ymm9, %ymm5
-        vfmadd231ps 448(%rax), %ymm9, %ymm6
-        vfmadd231ps 480(%rax), %ymm9, %ymm7
-        addq        $512, %rax
+        kvrow       \es, %ymm8,  0, 0, %rax, %ymm0, 10         // o = fma(p_t, v_t, o)
+        kvrow       \es, %ymm8,  8, 0, %rax, %ymm1, 11
+        kvrow       \es, %ymm8, 16, 0, %rax, %ymm2, 12
+        kvrow       \es, %ymm8, 24, 0, %rax, %ymm3, 13
+        kvrow       \es, %ymm8, 32, 0, %rax, %ymm4, 14
+        kvrow       \es, %ymm8, 40, 0, %rax, %ymm5, 15
+        kvrow       \es, %ymm8, 48, 0, %rax, %ymm6, 10
+        kvrow       \es, %ymm8, 56, 0, %rax, %ymm7, 11
+        kvrow       \es, %ymm9,  0, 64*\es, %rax, %ymm0, 10
+        kvrow       \es, %ymm9,  8, 64*\es, %rax, %ymm1, 11
+        kvrow       \es, %ymm9, 16, 64*\es, %rax, %ymm2, 12
+        kvrow       \es, %ymm9, 24, 64*\es, %rax, %ymm3, 13
+        kvrow       \es, %ymm9, 32, 64*\es, %rax, %ymm4, 14
+        kvrow       \es, %ymm9, 40, 64*\es, %rax, %ymm5, 15
+        kvrow       \es, %ymm9, 48, 64*\es, %rax, %ymm6, 10
+        kvrow       \es, %ymm9, 56, 64*\es, %rax, %ymm7, 11
+        addq        $128*\es, %rax
         addq        $2, %r10
         decq        %rbx
         jnz         5b
@@ -165,14 +186,14 @@ function gpt2asm_attention_f32_avx2
         testb       $1, %r9b
         jz          7f
         vbroadcastss (%r8,%r10,4), %ymm8
-        vfmadd231ps   0(%rax), %ymm8, %ymm0
-        vfmadd231ps  32(%rax), %ymm8, %ymm1
-        vfmadd231ps  64(%rax), %ymm8, %ymm2
-        vfmadd231ps  96(%rax), %ymm8, %ymm3
-        vfmadd231ps 128(%rax), %ymm8, %ymm4
-        vfmadd231ps 160(%rax), %ymm8, %ymm5
-        vfmadd231ps 192(%rax), %ymm8, %ymm6
-        vfmadd231ps 224(%rax), %ymm8, %ymm7
+        kvrow       \es, %ymm8,  0, 0, %rax, %ymm0, 10
+        kvrow       \es, %ymm8,  8, 0, %rax, %ymm1, 11
+        kvrow       \es, %ymm8, 16, 0, %rax, %ymm2, 12
+        kvrow       \es, %ymm8, 24, 0, %rax, %ymm3, 13
+        kvrow       \es, %ymm8, 32, 0, %rax, %ymm4, 14
+        kvrow       \es, %ymm8, 40, 0, %rax, %ymm5, 15
+        kvrow       \es, %ymm8, 48, 0, %rax, %ymm6, 10
+        kvrow       \es, %ymm8, 56, 0, %rax, %ymm7, 11
 7:
         movq        %r13, %rax
         shlq        $8, %rax
@@ -199,3 +220,7 @@ function gpt2asm_attention_f32_avx2
         vzeroupper
         ret
 endfunc
+        .endm
+
+        attention_avx2 gpt2asm_attention_f32_avx2, 4
+        attention_avx2 gpt2asm_attention_f16_avx2, 2

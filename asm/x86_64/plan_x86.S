@@ -66,6 +66,8 @@
 #define PL_E_OFF            80      /* u64: offset of the embedding copy of threads >= 1             */
 #define PL_S_OFF            88      /* u64: offset of the attention scratch                          */
 #define PL_NTOK             96      /* u64: rows of a prefill run (row jobs: items = J_N * PL_NTOK)  */
+#define PL_KV_OFF           104     /* u64: offset of the k / v staging rows (FL_KV16: float32 rows of
+                                       64, one for QKV, PL_NTOK for MATMUL+KV) in a private area      */
 #define PL_HEADER           128
 
 /* ---- job record (256 bytes: three read-only cache lines, then the counters' own line) ------------ */
@@ -84,7 +86,7 @@
 #define J_A0                80      /* u64: RESID: x;  QKV, ATTN, ROWATTN, MATMUL+KV: k cache         */
 #define J_A1                88      /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: v cache                    */
 #define J_A2                96      /* u64: QKV, ATTN, ROWATTN: attention output                     */
-#define J_A3                104     /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: head stride (floats)      */
+#define J_A3                104     /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: head stride (elements)    */
 #define J_A4                112     /* u64: ATTN: n_pos;  MATMUL+KV: n_head                          */
 #define J_TILEB             120     /* u64: bytes of one weight tile (n_in * 64 * element size)     */
 #define J_SCALE             128     /* u64: q8: per-output scales (float [64 n_tiles]), else 0       */
@@ -114,6 +116,8 @@
 #define EPI_RESID           0x20    /* x[o] = x[o] + y[o] over the claimed tiles                     */
 #define FL_ROWS             0x40    /* items = J_N * PL_NTOK (ROWLN, ROWATTN)                         */
 #define FL_KV               0x80    /* MATMUL of c_attn: tiles [H, 3H) into the k / v caches          */
+#define FL_KV16             0x4000  /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
+                                       halves; J_A3 counts elements); bits 8-13 are the claim shift   */
 
 /* ---- calls to the kernels (other objects of this library) --------------------------------------- */
 #ifndef GPT2ASM_MACHO
@@ -123,6 +127,7 @@
         .protected gpt2asm_matvec_f32_avx512, gpt2asm_matvec_f16_avx512, gpt2asm_layernorm_f32_avx512
         .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512, gpt2asm_matvec_q8_avx512
         .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512, gpt2asm_matmul_q8_avx512
+        .protected gpt2asm_attention_f16_avx2
 #endif
 
         .macro  xcall name
@@ -310,6 +315,23 @@ vadd_avx2:
 2:      vzeroupper
         ret
 
+/* kv16_store(dst = rdi, src = rsi, n = rcx): dst[i] = binary16(src[i]) rounded to nearest even
+ * (vcvtps2ph, F16C: every AVX-512 CPU has it too), n a multiple of 8: the float32 k / v rows of a
+ * binary16 cache, written from their staging rows.  The same rounding as numpy's astype(float16).
+ * Clobbers rax, ymm0; ends with vzeroupper. */
+        .p2align 4
+kv16_store:
+        xorl    %eax, %eax
+        testq   %rcx, %rcx
+        jz      2f
+1:      vmovups (%rsi,%rax,4), %ymm0
+        vcvtps2ph $0, %ymm0, (%rdi,%rax,2)
+        addq    $8, %rax
+        cmpq    %rcx, %rax
+        jb      1b
+2:      vzeroupper
+        ret
+
 /* vadd_avx512: the same with one zmm per 16 elements (AVX-512F). */
         .p2align 4
 vadd_avx512:
@@ -333,6 +355,7 @@ vadd_avx512:
  *     40(%rsp)        end of the job range          48(%rsp)  first item of the claim
  *     56(%rsp)        end of the claim              64(%rsp)  current head / tile / row / item
  *     72(%rsp)        the job's item count          80(%rsp)  row of a MATMUL epilogue
+ *     88(%rsp)        FL_KV16: the cache rows its staged k / v rows go to
  * Callee-saved registers: r12 ctx, r13 plan, r14 current job, r15 thread id, rbx private area,
  * rbp the job's matvec input (x, or the private LayerNorm output). */
 #define F_END   40
@@ -341,7 +364,8 @@ vadd_avx512:
 #define F_H     64
 #define F_N     72
 #define F_ROW   80
-#define FRAME   88
+#define F_KVDST 88
+#define FRAME   104
 
         /* rbp = the job's matvec input, after its prologue (embedding add, LayerNorm) */
         .macro  job_prologue isa, sfx
@@ -440,17 +464,49 @@ vadd_avx512:
         imulq   J_A3(%r14), %rcx
         movq    PL_POS(%r13), %rax
         shlq    $6, %rax
-        addq    %rax, %rcx
+        addq    %rax, %rcx                      /* (h * head_stride + 64 pos) elements */
+        testl   $FL_KV16, J_FLAGS(%r14)
+        jnz     1f
         shlq    $2, %rcx
         .if \part == 1
         addq    J_A0(%r14), %rcx                /* k cache [h][pos] */
         .else
         addq    J_A1(%r14), %rcx                /* v cache [h][pos] */
         .endif
-        movq    J_NIN(%r14), %r8
+        jmp     2f
+1:      addq    %rcx, %rcx
+        .if \part == 1
+        addq    J_A0(%r14), %rcx                /* binary16 k cache [h][pos] ... */
+        .else
+        addq    J_A1(%r14), %rcx                /* ... or v cache [h][pos] */
+        .endif
+        movq    %rcx, F_KVDST(%rsp)
+        movq    %rbx, %rcx
+        addq    PL_KV_OFF(%r13), %rcx           /* the float32 row goes to the staging row first */
+2:      movq    J_NIN(%r14), %r8
         xorl    %r9d, %r9d                      /* tiles [0, 1) of the shifted pointers */
         movq    $1, 0(%rsp)
         mv_call \isa
+        testl   $FL_KV16, J_FLAGS(%r14)
+        jz      3f
+        movq    F_KVDST(%rsp), %rdi
+        movq    %rbx, %rsi
+        addq    PL_KV_OFF(%r13), %rsi
+        movl    $64, %ecx
+        call    kv16_store                      /* the row, rounded to binary16, into the cache */
+3:
+        .endm
+
+        /* the attention kernel of the job's cache: gpt2asm_attention_f32_<isa>, or with FL_KV16
+         * gpt2asm_attention_f16_avx2 (one kernel for both families: the same operations) */
+        .macro  att_call isa
+        testl   $FL_KV16, J_FLAGS(%r14)
+        jnz     .Latt16\@
+        xcall   gpt2asm_attention_f32_\isa
+        jmp     .Latt32\@
+.Latt16\@:
+        xcall   gpt2asm_attention_f16_avx2
+.Latt32\@:
         .endm
 
         /* the \op kernel of the job's dtype (FL_F16, FL_Q8 in its flags): gpt2asm_\op_f32 / _f16 with
@@ -649,7 +705,7 @@ plan_jobs_\isa:
         incq    %rax
         movq    %rax, 16(%rsp)                  /* head_end */
         movq    %rax, F_H(%rsp)
-        xcall   gpt2asm_attention_f32_\isa
+        att_call \isa
         movq    F_H(%rsp), %rax
         cmpq    F_T1(%rsp), %rax
         jb      .Lqkv_att_\isa
@@ -671,7 +727,7 @@ plan_jobs_\isa:
         movq    %rax, 8(%rsp)
         movq    F_T1(%rsp), %rax
         movq    %rax, 16(%rsp)
-        xcall   gpt2asm_attention_f32_\isa
+        att_call \isa
         jmp     .Lattn_\isa
 
         /* ---- MATMUL (prefill; items = tiles): for each claimed tile tau, the matmul kernel of the
@@ -713,8 +769,15 @@ plan_jobs_\isa:
         movq    PL_POS(%r13), %r9
         shlq    $6, %r9
         addq    %r9, %rax
-        leaq    (%r8,%rax,4), %r8               /* cache [h][pos] */
         movl    $64, %r9d                       /* rows of 64 floats */
+        testl   $FL_KV16, J_FLAGS(%r14)
+        jnz     5f
+        leaq    (%r8,%rax,4), %r8               /* cache [h][pos] */
+        jmp     3f
+5:      leaq    (%r8,%rax,2), %r8
+        movq    %r8, F_KVDST(%rsp)              /* binary16 cache [h][pos] ... */
+        movq    %rbx, %r8
+        addq    PL_KV_OFF(%r13), %r8            /* ... after the staging rows */
 3:      movq    J_X(%r14), %rsi
         movq    J_LDX(%r14), %rdx
         movq    PL_NTOK(%r13), %rax
@@ -725,7 +788,21 @@ plan_jobs_\isa:
         movq    $1, 24(%rsp)
         mm_call \isa
         movl    J_FLAGS(%r14), %eax
-        andl    $EPI_MASK, %eax
+        testl   $FL_KV16, %eax
+        jz      6f
+        testl   $FL_KV, %eax
+        jz      6f
+        movq    F_H(%rsp), %rcx
+        cmpq    J_A4(%r14), %rcx
+        jb      .Lmm_next_\isa                  /* a q tile */
+        movq    F_KVDST(%rsp), %rdi             /* a k / v tile: its PL_NTOK staged rows, rounded */
+        movq    %rbx, %rsi                      /* to binary16, into the cache rows pos .. (64 */
+        addq    PL_KV_OFF(%r13), %rsi           /* halves apart: contiguous) */
+        movq    PL_NTOK(%r13), %rcx
+        shlq    $6, %rcx
+        call    kv16_store
+        jmp     .Lmm_next_\isa
+6:      andl    $EPI_MASK, %eax
         jz      .Lmm_next_\isa
         movq    $0, F_ROW(%rsp)
 .Lmm_epi_\isa:                                  /* the tile's 64 outputs of row F_ROW */
@@ -821,7 +898,7 @@ plan_jobs_\isa:
         addq    PL_S_OFF(%r13), %r8             /* scratch */
         movq    PL_POS(%r13), %r9
         leaq    1(%r9,%r11), %r9                /* n_pos = pos + t + 1 */
-        xcall   gpt2asm_attention_f32_\isa
+        att_call \isa
         movq    F_H(%rsp), %rax
         incq    %rax
         movq    %rax, F_H(%rsp)
