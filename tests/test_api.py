@@ -33,6 +33,29 @@ def test_load_forms(ckpt_tiny):
         GPT2.load(12345)
 
 
+def test_kv_cache_dtype(ckpt_tiny):
+    """kv: f32 by default with f32 weights, f16 with f16 / q8; either may be asked for.  A binary16 cache
+    is half the bytes, its logits close to an f32 cache's (rounding of keys and values, not more), and a
+    snapshot restores only into a session with the same cache dtype."""
+    with GPT2.load(ckpt_tiny) as a, GPT2.load(ckpt_tiny, kv="f16") as b, GPT2.load(ckpt_tiny, dtype="f16") as c, \
+            GPT2.load(ckpt_tiny, dtype="f16", kv="f32") as d:
+        assert (a.kv, b.kv, c.kv, d.kv) == ("f32", "f16", "f16", "f32")
+        sa, sb = a.session(), b.session()
+        assert sa._state.k.dtype == np.float32 and sb._state.k.dtype == np.float16
+        assert sb._state.k.nbytes * 2 == sa._state.k.nbytes
+        ids = a.encode(PROMPT)
+        la, lb = a.logits(ids), b.logits(ids)
+        assert not np.array_equal(la, lb)
+        assert float(np.abs(la - lb).max()) <= 1e-2 * float(la.std())
+        sb.generate(PROMPT, max_new_tokens=3, temperature=0)
+        with pytest.raises(InvalidArgumentError, match="another model"):
+            sa.restore(sb.snapshot())
+        assert b.session(sb.snapshot()).tokens == sb.tokens
+    for bad in ("f64", "F16", 16, True):
+        with pytest.raises(InvalidArgumentError):
+            GPT2.load(ckpt_tiny, kv=bad)
+
+
 def test_encode_decode_logits(m):
     ids = m.encode("Hello world, ünïcödé 🙂")
     assert m.decode(ids) == "Hello world, ünïcödé 🙂"

@@ -62,6 +62,19 @@ def test_ids_mode_fp16_threads(ckpt_tiny):
     assert STATS.match(d.stderr.strip().splitlines()[-1]).group(4) == "fp16"
 
 
+def test_kv_cache_flag(ckpt_tiny):
+    """--kv f32 | f16: the generation of GPT2.load(kv=...); anything else is a usage error."""
+    for kv, dtype in (("f16", "f32"), ("f32", "f16")):
+        r = cli("--model", str(ckpt_tiny), "-i", "--dtype", dtype, "--kv", kv, "-n", "6", "-t", "0", "Hello world")
+        assert r.returncode == 0, r.stderr
+        m = GPT2.load(ckpt_tiny, dtype=dtype, kv=kv)
+        assert [int(x) for x in r.stdout.splitlines()[1].split()] == \
+            list(m.generate_ids(m.encode("Hello world"), 6, temperature=0))
+        m.close()
+    r = cli("--model", str(ckpt_tiny), "-n", "2", "--kv", "f64", "Hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--kv" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args", [("-h", "--dtype", "q8"), ("-h", "--dtype", "f32"), ("--dtype", "q4"),
                                   ("--dtype",)])
 def test_dtype_usage_errors(ckpt_tiny, args):
