@@ -96,15 +96,17 @@ FAMILY_OPS = {
     "x86_64": {"avx2": KERNEL_OPS, "avx512": KERNEL_OPS},
     "aarch64": {"neon": KERNEL_OPS, "sme2": ("matvec_f32", "matvec_f16")},
 }
-FAMILY_FALLBACK = {"sme2": "neon", "avx512": "avx2"}
+FAMILY_FALLBACK = {"sme2": "neon"}
+# single ops one family takes from another (gpt2asm.kernels.SHARED_OPS): avx2's binary16-cache attention
+SHARED_OPS = {("avx512", "attention_f16"): "avx2"}
 # exported kernels not bound by name through bound_symbols() (the plan executor and the tests call them):
 # check_exports requires them of a family like its FAMILY_OPS.  sme2 falls back to neon's matvec_q8 and
-# matmul_* (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover them; likewise avx512
-# takes attention_f16 (the binary16-cache attention) from avx2.
+# matmul_* and attention_f16 (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover
+# them; avx512 takes attention_f16 from avx2 (SHARED_OPS), whose entry covers it.
 EXTRA_OPS = {
     "x86_64": {"avx2": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "attention_f16"),
                "avx512": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8")},
-    "aarch64": {"neon": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8")},
+    "aarch64": {"neon": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "attention_f16")},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {
@@ -118,6 +120,8 @@ TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2", "gpt2asm_fmapeak_f32_avx2"
 
 def kernel_symbol(op: str, family: str) -> str:
     """The symbol that implements op for family: gpt2asm_<op>_<family>, or the fallback family's."""
+    if (family, op) in SHARED_OPS:
+        return kernel_symbol(op, SHARED_OPS[family, op])
     for arch, arch_families in FAMILY_OPS.items():
         if family in arch_families:
             if op in arch_families[family] or op in EXTRA_OPS[arch].get(family, ()):

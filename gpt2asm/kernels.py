@@ -34,8 +34,9 @@ ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "a
 # -s values per architecture: index and name, best last.
 FAMILIES = {"x86_64": ["avx2", "avx512"], "aarch64": ["neon", "sme2"]}
 # a family that lacks an op takes it from this one (sme2 has only the matrix-vector products)
-# (avx512: the binary16-cache attention, gpt2asm_attention_f16_avx2, serves both x86 families)
-FAMILY_FALLBACK = {"sme2": "neon", "avx512": "avx2"}
+FAMILY_FALLBACK = {"sme2": "neon"}
+# single ops one family takes from another (the binary16-cache attention of avx2 serves avx512 too)
+SHARED_OPS = {("avx512", "attention_f16"): "avx2"}
 # the dtypes a KV cache may have: float32, or binary16 (State, docs/kernels.md "KV cache")
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 ALIGN = 64
@@ -729,9 +730,10 @@ class Kernels:
         #                                  float *scratch, size_t n_pos, size_t head_stride,
         #                                  size_t head_begin, size_t head_end);
         self.attention_f32 = self._bind(self._symbol("attention_f32"), [P, P, P, P, P, N, N, N, N])
-        # void gpt2asm_attention_f16_avx2(const float *q, const uint16_t *k, const uint16_t *v, float *out,
-        #                                 float *scratch, size_t n_pos, size_t head_stride,
-        #                                 size_t head_begin, size_t head_end);   (x86: a binary16 cache)
+        # void gpt2asm_attention_f16_<isa>(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+        #                                  float *scratch, size_t n_pos, size_t head_stride,
+        #                                  size_t head_begin, size_t head_end);   (a binary16 cache; avx512
+        #                                  uses avx2's, sme2 neon's)
         f16 = self._symbol("attention_f16")
         self.attention_f16 = self._bind(f16, [P, P, P, P, P, N, N, N, N]) if hasattr(self.lib, f16) else None
         # size_t gpt2asm_argmax_f32_<isa>(const float *x, size_t n);   (SIZE_MAX: a NaN or +-inf in x)
@@ -755,7 +757,7 @@ class Kernels:
 
     def _symbol(self, op: str) -> str:
         """gpt2asm_<op>_<family>, or the fallback family's symbol when the family lacks the op."""
-        fam = self.family
+        fam = SHARED_OPS.get((self.family, op), self.family)
         while not hasattr(self.lib, f"gpt2asm_{op}_{fam}") and fam in FAMILY_FALLBACK:
             fam = FAMILY_FALLBACK[fam]
         return f"gpt2asm_{op}_{fam}"
@@ -878,9 +880,10 @@ class Kernels:
         return fn, [(addr(w), x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
 
     def attention_job(self, q: int, k: int, v: int, out: int, scratch: list[int], n_pos: int,
-                      head_stride: int, n_head: int):
+                      head_stride: int, n_head: int, f16: bool = False):
+        """(kernel, per-thread args) of attention over a float32 cache, or a binary16 one (f16)."""
         parts = self.threads if self.pool else 1
-        return self.attention_f32, [(q, k, v, out, s, n_pos, head_stride, h0, h1)
+        return self.attention_f16 if f16 else self.attention_f32, [(q, k, v, out, s, n_pos, head_stride, h0, h1)
                                     for (h0, h1), s in zip(split(n_head, parts), scratch)]
 
     # -- checked numpy API (tests, tools) --------------------------------------------------------------
@@ -975,11 +978,12 @@ class Kernels:
             p.attention(q, k, v, out, int(n_pos))
             self.run_plan(p.build())
             return out
-        if k.dtype == np.float16:          # no plan (Arm): the float32 kernel on the rows widened exactly
-            k, v, n_ctx = k[:, :n_pos].astype(np.float32), v[:, :n_pos].astype(np.float32), int(n_pos)
+        f16 = k.dtype == np.float16
+        if f16 and self.attention_f16 is None:
+            raise KernelUnavailableError(f"the {self.family} family has no binary16-cache attention")
         scratch = [np.empty(-(-n_pos // 16) * 16, np.float32) for _ in range(self.threads)]
         self.run(*self.attention_job(addr(q), addr(k), addr(v), addr(out), [addr(s) for s in scratch],
-                                     int(n_pos), n_ctx * HEAD_DIM, n_head))
+                                     int(n_pos), n_ctx * HEAD_DIM, n_head, f16))
         return out
 
 

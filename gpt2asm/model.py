@@ -59,6 +59,8 @@ class Transformer:
             kv = "f32" if weights.dtype == "f32" else "f16"
         if not isinstance(kv, str) or kv not in KV_DTYPES:
             raise InvalidArgumentError(f"kv cache dtype must be one of {', '.join(KV_DTYPES)}, got {kv!r}")
+        if kv == "f16" and kernels.attention_f16 is None:
+            raise KernelUnavailableError(f"the {kernels.family} kernel family has no binary16-cache attention")
         self.kv, self.kv_dtype = kv, KV_DTYPES[kv]
         self._validate()
         self.n_tiles_head = -(-self.cfg.vocab_size // 64)
@@ -294,9 +296,8 @@ class Transformer:
         self._matvec(L.attn_w, scale(L, "attn"), addr(s.h), L.attn_b, addr(s.qkv), C)  # qkv [3C] = h W + b
         s.k[i, :, pos] = s.qkv[C:2 * C].reshape(H, HEAD_DIM)               # cache this position (a binary16
         s.v[i, :, pos] = s.qkv[2 * C:3 * C].reshape(H, HEAD_DIM)           # cache: rounded to nearest even)
-        k, v, stride = self._kv(s, i, pos + 1)
-        K.run(*K.attention_job(addr(s.qkv), addr(k), addr(v), addr(s.att), [addr(a) for a in s.scratch],
-                               pos + 1, stride, H))
+        K.run(*K.attention_job(addr(s.qkv), addr(s.k[i]), addr(s.v[i]), addr(s.att), [addr(a) for a in s.scratch],
+                               pos + 1, self.cfg.n_ctx * HEAD_DIM, H, s.k.dtype == np.float16))
         self._matvec(L.attn_proj_w, scale(L, "attn_proj"), addr(s.att), L.attn_proj_b, addr(s.proj), C)
         np.add(s.x, s.proj[:C], out=s.x)                                   # x += attn
         K.layernorm_f32(addr(s.x), addr(L.ln2_g), addr(L.ln2_b), addr(s.h), C)
@@ -304,13 +305,6 @@ class Transformer:
         K.gelu_f32(addr(s.fc), addr(s.fc), 4 * C)
         self._matvec(L.proj_w, scale(L, "proj"), addr(s.fc), L.proj_b, addr(s.proj), 4 * C)
         np.add(s.x, s.proj[:C], out=s.x)                                   # x += mlp
-
-    def _kv(self, s: State, i: int, n: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Layer i's cache as gpt2asm_attention_f32 reads positions < n: (k, v, head stride) -- the cache
-        itself, or a binary16 cache's rows widened exactly (the operations of gpt2asm_attention_f16)."""
-        if s.k.dtype == np.float32:
-            return s.k[i], s.v[i], self.cfg.n_ctx * HEAD_DIM
-        return s.k[i, :, :n].astype(np.float32), s.v[i, :, :n].astype(np.float32), n * HEAD_DIM
 
     def _embed(self, s: State, token: int, pos: int) -> None:
         np.add(self.w.wte[token], self.w.wpe[pos], out=s.x)
@@ -346,10 +340,10 @@ class Transformer:
         self._matmul(L.attn_w, scale(L, "attn"), r.h, L.attn_b, qkv, T, C)     # qkv [T][3C]
         s.k[i, :, pos:pos + T] = qkv[:T, C:2 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)   # cache rows
         s.v[i, :, pos:pos + T] = qkv[:T, 2 * C:3 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)
-        k, v, stride = self._kv(s, i, pos + T)
         for t in range(T):                                                   # row t: positions 0 .. pos + t
-            K.run(*K.attention_job(addr(qkv[t]), addr(k), addr(v), addr(r.att[t]), [addr(a) for a in s.scratch],
-                                   pos + t + 1, stride, H))
+            K.run(*K.attention_job(addr(qkv[t]), addr(s.k[i]), addr(s.v[i]), addr(r.att[t]),
+                                   [addr(a) for a in s.scratch], pos + t + 1, self.cfg.n_ctx * HEAD_DIM, H,
+                                   s.k.dtype == np.float16))
         self._matmul(L.attn_proj_w, scale(L, "attn_proj"), r.att, L.attn_proj_b, r.y, T, C)
         np.add(x, r.y[:T, :C], out=x)                                        # x += attn
         for t in range(T):

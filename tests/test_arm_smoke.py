@@ -65,6 +65,11 @@ def test_symbol_lists():
     assert build.kernel_symbol("matvec_f16", "sme2") == "gpt2asm_matvec_f16_sme2"
     assert build.kernel_symbol("gelu_f32", "sme2") == "gpt2asm_gelu_f32_neon"
     assert build.kernel_symbol("attention_f32", "avx512") == "gpt2asm_attention_f32_avx512"
+    # the binary16-cache attention: avx512 calls avx2's (SHARED_OPS, only that op), sme2 neon's
+    assert build.kernel_symbol("attention_f16", "avx512") == "gpt2asm_attention_f16_avx2"
+    assert build.kernel_symbol("attention_f16", "sme2") == "gpt2asm_attention_f16_neon"
+    from gpt2asm.kernels import SHARED_OPS
+    assert SHARED_OPS == build.SHARED_OPS
     # the -s order is the same in build.py, gpt2asm/kernels.py and gpt2asm/cpu_arm.py
     from gpt2asm.kernels import FAMILIES
     for arch, fams in build.FAMILY_OPS.items():

@@ -3,7 +3,7 @@
 
     gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon, gpt2asm_layernorm_f32_neon,
     gpt2asm_gelu_f32_neon, gpt2asm_expf_f32_neon, gpt2asm_softmax_f32_neon, gpt2asm_attention_f32_neon,
-    gpt2asm_argmax_f32_neon, gpt2asm_matmul_{f32,f16,q8}_neon                       (docs/kernels.md)
+    gpt2asm_attention_f16_neon, gpt2asm_argmax_f32_neon, gpt2asm_matmul_{f32,f16,q8}_neon (docs/kernels.md)
 
 The contract is the x86 one: every output is the same sequence of IEEE binary32 operations.  Each call is
 checked against
@@ -62,7 +62,8 @@ TILE = 64
 P, S = ctypes.c_void_p, ctypes.c_size_t
 NEON_SYMBOLS = ["gpt2asm_matvec_f32_neon", "gpt2asm_matvec_f16_neon", "gpt2asm_matvec_q8_neon",
                 "gpt2asm_layernorm_f32_neon", "gpt2asm_gelu_f32_neon", "gpt2asm_expf_f32_neon",
-                "gpt2asm_softmax_f32_neon", "gpt2asm_attention_f32_neon", "gpt2asm_argmax_f32_neon"]
+                "gpt2asm_softmax_f32_neon", "gpt2asm_attention_f32_neon", "gpt2asm_attention_f16_neon",
+                "gpt2asm_argmax_f32_neon"]
 
 
 def arm_test(fn):
@@ -79,10 +80,10 @@ def bind(lib: ctypes.CDLL, family: str) -> ctypes.CDLL:
         fn.argtypes, fn.restype = [P, P, P, P, S, S, S], None
     fn = getattr(lib, f"gpt2asm_matvec_q8_{family}")
     fn.argtypes, fn.restype = [P, P, P, P, P, S, S, S], None
-    for op in ops.F32_OPS:
-        sig = ops.SIGS[op]
-        fn = getattr(lib, f"gpt2asm_{op}_f32_{family}")
-        fn.argtypes, fn.restype = [S if k == "n" else P for k in sig], None
+    for op in ops.SIGS:
+        if op in ops.F32_OPS or (op, family) in ops.SYMBOLS:
+            fn = getattr(lib, ops.symbol(op, family))
+            fn.argtypes, fn.restype = [S if k == "n" else P for k in ops.SIGS[op]], None
     return lib
 
 
@@ -778,6 +779,19 @@ def test_attention_order_witness(variant):
 @arm_test
 def test_attention_scratch_is_exactly_roundup16(variant):
     ops.test_attention_scratch_is_exactly_roundup16(variant)
+
+
+@arm_test
+@pytest.mark.parametrize("n_pos,heads", [c for c in ATTN_CASES if c[1] != (11, 12)])
+def test_attention_f16_is_f32_on_widened_rows(variant, n_pos, heads):
+    """gpt2asm_attention_f16_neon (the binary16 cache; sme2 uses it too): the f32 kernel's bits on the
+    widened rows, the contract model, the float64 bound."""
+    ops.check_attention_f16_widened(variant, n_pos, heads)
+
+
+@arm_test
+def test_attention_f16_extreme_halves(variant):
+    ops.check_attention_f16_extremes(variant)
 
 
 @arm_test

@@ -2,6 +2,7 @@
 
     gpt2asm_expf_f32_*, gpt2asm_gelu_f32_*, gpt2asm_softmax_f32_*, gpt2asm_layernorm_f32_*,
     gpt2asm_attention_f32_*                               for * in avx2, avx512   (docs/kernels.md)
+    gpt2asm_attention_f16_avx2                            (the binary16 cache; both families call it)
 
 Every variant the CPU has runs natively; the AVX-512 ones also run under tests/avx512emu.py (an
 emulated AVX-512 CPU) when that is available, else they are skipped with the reason.  Each call is
@@ -66,7 +67,8 @@ SIGS = {
     "attention16": "iiiownnnn",                  # gpt2asm_attention_f16_avx2: k, v binary16
 }
 # ops whose symbol is not gpt2asm_<op>_f32_<isa> (only for these ISAs), and the others
-SYMBOLS = {("attention16", "avx2"): "gpt2asm_attention_f16_avx2"}
+SYMBOLS = {("attention16", "avx2"): "gpt2asm_attention_f16_avx2",
+           ("attention16", "neon"): "gpt2asm_attention_f16_neon"}
 F32_OPS = [op for op in SIGS if op not in {o for o, _ in SYMBOLS}]
 
 
@@ -1030,10 +1032,9 @@ def test_attention_scratch_is_exactly_roundup16(variant):
 # --------------------------------------------------------------------------------------------------
 # attention over a binary16 cache: gpt2asm_attention_f16_avx2 (the avx2 and avx512 families' kernel)
 
-def attn16(q, k16, v16, n_pos, hb, he):
-    """gpt2asm_attention_f16_avx2 natively (guarded, misaligned buffers), and the f32 kernel of the same
+def attn16(r, q, k16, v16, n_pos, hb, he):
+    """gpt2asm_attention_f16 of runner r (guarded, misaligned buffers), and the f32 kernel of the same
     runner on the rows widened to float32: their outputs, which the contract says are the same bits."""
-    r = runner("avx2")
     n_head, n_ctx = k16.shape[:2]
     out = np.full(n_head * HEAD, OUT_FILL, F32)
     scratch = np.full(-(-n_pos // 16) * 16, OUT_FILL, F32)
@@ -1046,22 +1047,30 @@ def attn16(q, k16, v16, n_pos, hb, he):
 
 @pytest.mark.parametrize("n_pos,heads", [c for c in ATTN_CASES if c[1] != (11, 12)])
 def test_attention_f16_is_f32_on_widened_rows(n_pos, heads):
-    """The binary16-cache kernel: bit for bit the f32 kernel on the widened rows and the contract
-    model, within the f32 kernel's bound of float64 attention on the stored values; cache rows past
-    n_pos (NaN) are never read."""
+    """The binary16-cache kernel (natively; the avx512 family calls the same one): bit for bit the f32
+    kernel on the widened rows and the contract model, within the f32 kernel's bound of float64
+    attention on the stored values; cache rows past n_pos (NaN) are never read."""
+    check_attention_f16_widened(runner("avx2"), n_pos, heads)
+
+
+def test_attention_f16_extreme_halves():
+    check_attention_f16_extremes(runner("avx2"))
+
+
+def check_attention_f16_widened(r, n_pos, heads):
     hb, he = heads
     rng = np.random.default_rng(n_pos * 100 + hb + 7)
     n_ctx = n_pos + int(rng.integers(0, 20))
     q, k, v = attn_case(rng, 12, n_ctx, n_pos)
     k16, v16 = k.astype(np.float16), v.astype(np.float16)
-    got, want = attn16(q, k16, v16, n_pos, hb, he)
+    got, want = attn16(r, q, k16, v16, n_pos, hb, he)
     assert same_bits(got, want)
     kw, vw = k16.astype(F32), v16.astype(F32)
     assert_model(got, attention_c(q, kw, vw, n_pos, hb, he), f"attention f16 n_pos={n_pos} heads={heads}")
     assert np.all(np.abs(got - attention64(q, kw, vw, n_pos, hb, he)) <= attn_bound(q, kw, vw, n_pos, hb, he))
 
 
-def test_attention_f16_extreme_halves():
+def check_attention_f16_extremes(r):
     """binary16 extremes in the cache: the largest finite half (65504), subnormal halves (2^-24 ..),
     signed zeros, an infinite value row (inf / NaN outputs as the f32 kernel gives them) -- all widened
     exactly, so still the f32 kernel's bits."""
@@ -1074,7 +1083,7 @@ def test_attention_f16_extreme_halves():
         v16[1, :n_pos, ::2] = np.float16(-0.0)
         v16[2, :n_pos, 5] = np.float16(65504)
         v16[2, n_pos - 1, 7] = np.float16(np.inf)
-        got, want = attn16(q, k16, v16, n_pos, 0, 3)
+        got, want = attn16(r, q, k16, v16, n_pos, 0, 3)
         assert same_bits(got, want) or np.array_equal(got, want, equal_nan=True), n_pos
         assert_model(got, attention_c(q, k16.astype(F32), v16.astype(F32), n_pos, 0, 3), f"extremes n_pos={n_pos}")
 

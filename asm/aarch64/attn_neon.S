@@ -7,7 +7,8 @@
  * the 4 positions together: zip1/zip2 of 64-bit halves + fadd, then one faddp, which adds exactly
  * s[0] + s[1] of each position); softmax in scratch (the same macro as gpt2asm_softmax_f32_neon); then
  * p.V with the 64 outputs in v16-v31 and by-element FMAs, four p_t per ld1 (the matvec row step).
- * K and V rows are streamed once each.
+ * K and V rows are streamed once each.  The same code serves a float32 cache and a binary16 one
+ * (gpt2asm_attention_f16_neon: each row widened exactly with fcvtl / fcvtl2 before its FMAs).
  */
 #include "asm.S"
 #include "math_neon.h"
@@ -52,15 +53,71 @@
         .endm
 
 /*
- * dot4 p0, p1, p2, p3
- *   v0 = { dot64(q, row_i) * 0.125f : i = 0..3 } for the rows at [x\pi] (each advanced by 256; the
- *   pointers may be the same register).  Clobbers v0-v15.
+ * dotpos16 P, p
+ *   dotpos for a row of 64 halves at [x\p] (advanced by 128), each widened exactly before its FMA:
+ *   the same operations on the same values.  Clobbers v0-v11.
  */
-        .macro  dot4 p0, p1, p2, p3
+        .macro  dotpos16 P, p
+        movi    v0.16b, #0
+        movi    v1.16b, #0
+        movi    v2.16b, #0
+        movi    v3.16b, #0
+        ld1     {v4.8h - v7.8h}, [x\p], #64             // row[0:32]
+        fcvtl   v8.4s, v4.4h
+        fcvtl2  v9.4s, v4.8h
+        fcvtl   v10.4s, v5.4h
+        fcvtl2  v11.4s, v5.8h
+        fmla    v0.4s, v16.4s, v8.4s                    // c = 0
+        fmla    v1.4s, v17.4s, v9.4s
+        fmla    v2.4s, v18.4s, v10.4s
+        fmla    v3.4s, v19.4s, v11.4s
+        fcvtl   v8.4s, v6.4h
+        fcvtl2  v9.4s, v6.8h
+        fcvtl   v10.4s, v7.4h
+        fcvtl2  v11.4s, v7.8h
+        ld1     {v4.8h - v7.8h}, [x\p], #64             // row[32:64]
+        fmla    v0.4s, v20.4s, v8.4s                    // c = 1
+        fmla    v1.4s, v21.4s, v9.4s
+        fmla    v2.4s, v22.4s, v10.4s
+        fmla    v3.4s, v23.4s, v11.4s
+        fcvtl   v8.4s, v4.4h
+        fcvtl2  v9.4s, v4.8h
+        fcvtl   v10.4s, v5.4h
+        fcvtl2  v11.4s, v5.8h
+        fmla    v0.4s, v24.4s, v8.4s                    // c = 2
+        fmla    v1.4s, v25.4s, v9.4s
+        fmla    v2.4s, v26.4s, v10.4s
+        fmla    v3.4s, v27.4s, v11.4s
+        fcvtl   v8.4s, v6.4h
+        fcvtl2  v9.4s, v6.8h
+        fcvtl   v10.4s, v7.4h
+        fcvtl2  v11.4s, v7.8h
+        fmla    v0.4s, v28.4s, v8.4s                    // c = 3
+        fmla    v1.4s, v29.4s, v9.4s
+        fmla    v2.4s, v30.4s, v10.4s
+        fmla    v3.4s, v31.4s, v11.4s
+        fadd    v0.4s, v0.4s, v2.4s                     // w = 8
+        fadd    v1.4s, v1.4s, v3.4s
+        fadd    v\P\().4s, v0.4s, v1.4s                 // w = 4
+        .endm
+
+/*
+ * dot4 es, p0, p1, p2, p3
+ *   v0 = { dot64(q, row_i) * 0.125f : i = 0..3 } for the rows of 64 elements of es bytes at [x\pi]
+ *   (each advanced by 64 es; the pointers may be the same register).  Clobbers v0-v15.
+ */
+        .macro  dot4 es, p0, p1, p2, p3
+        .if \es == 4
         dotpos  12, \p0
         dotpos  13, \p1
         dotpos  14, \p2
         dotpos  15, \p3
+        .else
+        dotpos16 12, \p0
+        dotpos16 13, \p1
+        dotpos16 14, \p2
+        dotpos16 15, \p3
+        .endif
         zip1    v0.2d, v12.2d, v13.2d                   // A0 A1 B0 B1
         zip2    v1.2d, v12.2d, v13.2d                   // A2 A3 B2 B3
         fadd    v0.4s, v0.4s, v1.4s                     // w = 2 (positions 0, 1)
@@ -76,6 +133,9 @@
  * void gpt2asm_attention_f32_neon(const float *q, const float *k, const float *v, float *out,
  *                                 float *scratch, size_t n_pos, size_t head_stride,
  *                                 size_t head_begin, size_t head_end);
+ * void gpt2asm_attention_f16_neon(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+ *                                 float *scratch, size_t n_pos, size_t head_stride,
+ *                                 size_t head_begin, size_t head_end);     (binary16 cache)
  *
  *   for h in [head_begin, head_end):
  *     s_t    = dot64(q_h, k_h[t]) * 0.125f                 t < n_pos   (k_h = k + h*head_stride)
@@ -86,12 +146,13 @@
  * Registers: x0 q, x1 k, x2 v, x3 out, x4 scratch, x5 n_pos, x6 head stride in bytes, x7 h,
  * x8 head_end (the 9th argument, on the stack), x9 k_h / temp, x10 v_h, x11-x17 cursors and temps.
  */
-function gpt2asm_attention_f32_neon, export=1
+        .macro  attention_neon name, es, row
+function \name, export=1
         ldr     x8, [sp]                                // head_end
         cmp     x7, x8
         b.hs    9f
         frame_push 64
-        lsl     x6, x6, #2                              // head stride in bytes
+        lsl     x6, x6, #(\es / 2)                      // head stride in bytes
 1:
         add     x9, x0, x7, lsl #8
         ld1     {v16.4s - v19.4s}, [x9], #64            // q_h
@@ -107,20 +168,20 @@ function gpt2asm_attention_f32_neon, export=1
         lsr     x12, x5, #2
         cbz     x12, 3f
 2:
-        dot4    9, 9, 9, 9
+        dot4    \es, 9, 9, 9, 9
         st1     {v0.4s}, [x11], #16
         subs    x12, x12, #1
         b.ne    2b
 3:
         ands    x13, x5, #3                             // 1..3 rows left: the missing ones repeat
         b.eq    4f                                      // the last row (no over-read); their scores
-        add     x14, x9, #256                           // land in scratch[n_pos .. roundup4(n_pos))
-        add     x15, x9, #512
+        add     x14, x9, #(64 * \es)                    // land in scratch[n_pos .. roundup4(n_pos))
+        add     x15, x9, #(128 * \es)
         cmp     x13, #2
         csel    x14, x14, x9, hs                        // row 1: t+1 if 2 or 3 rows are left
         csel    x15, x15, x14, hi                       // row 2: t+2 if 3 rows are left
         mov     x16, x15                                // row 3: repeats
-        dot4    9, 14, 15, 16
+        dot4    \es, 9, 14, 15, 16
         st1     {v0.4s}, [x11]
 4:
         /* p = softmax(s), in place */
@@ -135,10 +196,10 @@ function gpt2asm_attention_f32_neon, export=1
         cbz     x13, 6f
 5:
         ld1     {v0.4s}, [x11], #16                     // p_t .. p_t+3
-        row_f32 12, 0, 0                                // o = fma(p_t, v_t, o)
-        row_f32 12, 0, 1
-        row_f32 12, 0, 2
-        row_f32 12, 0, 3
+        \row   12, 0, 0                                // o = fma(p_t, v_t, o)
+        \row   12, 0, 1
+        \row   12, 0, 2
+        \row   12, 0, 3
         subs    x13, x13, #1
         b.ne    5b
 6:
@@ -146,7 +207,7 @@ function gpt2asm_attention_f32_neon, export=1
         b.eq    8f
 7:
         ld1r    {v0.4s}, [x11], #4
-        row_f32 12, 0, 0
+        \row   12, 0, 0
         subs    x13, x13, #1
         b.ne    7b
 8:
@@ -159,3 +220,7 @@ function gpt2asm_attention_f32_neon, export=1
 9:
         ret
 endfunc
+        .endm
+
+        attention_neon gpt2asm_attention_f32_neon, 4, row_f32
+        attention_neon gpt2asm_attention_f16_neon, 2, row_f16

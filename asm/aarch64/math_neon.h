@@ -306,6 +306,48 @@ endconst
         .endm
 
 /*
+ * row_f16 p, x, lane
+ *   One fp16 row of 64 halves at [x\p] (advanced by 128), widened exactly (fcvtl / fcvtl2), then the
+ *   FMAs of row_f32: acc v16-v31 = fma((float)w[4k .. 4k+3], v\x.s[lane], acc).  Through v4-v15.
+ */
+        .macro  row_f16 p, x, lane
+        ld1     {v4.8h - v7.8h}, [x\p], #64             // outputs 0-31
+        ld1     {v12.8h - v15.8h}, [x\p], #64           // outputs 32-63
+        fcvtl2  v8.4s, v4.8h                            // 4-7
+        fcvtl   v4.4s, v4.4h                            // 0-3
+        fcvtl2  v9.4s, v5.8h                            // 12-15
+        fcvtl   v5.4s, v5.4h                            // 8-11
+        fcvtl2  v10.4s, v6.8h
+        fcvtl   v6.4s, v6.4h
+        fcvtl2  v11.4s, v7.8h
+        fcvtl   v7.4s, v7.4h
+        fmla    v16.4s, v4.4s, v\x\().s[\lane]
+        fmla    v17.4s, v8.4s, v\x\().s[\lane]
+        fmla    v18.4s, v5.4s, v\x\().s[\lane]
+        fmla    v19.4s, v9.4s, v\x\().s[\lane]
+        fmla    v20.4s, v6.4s, v\x\().s[\lane]
+        fmla    v21.4s, v10.4s, v\x\().s[\lane]
+        fmla    v22.4s, v7.4s, v\x\().s[\lane]
+        fmla    v23.4s, v11.4s, v\x\().s[\lane]
+        fcvtl2  v8.4s, v12.8h                           // 36-39
+        fcvtl   v12.4s, v12.4h                          // 32-35
+        fcvtl2  v9.4s, v13.8h
+        fcvtl   v13.4s, v13.4h
+        fcvtl2  v10.4s, v14.8h
+        fcvtl   v14.4s, v14.4h
+        fcvtl2  v11.4s, v15.8h
+        fcvtl   v15.4s, v15.4h
+        fmla    v24.4s, v12.4s, v\x\().s[\lane]
+        fmla    v25.4s, v8.4s, v\x\().s[\lane]
+        fmla    v26.4s, v13.4s, v\x\().s[\lane]
+        fmla    v27.4s, v9.4s, v\x\().s[\lane]
+        fmla    v28.4s, v14.4s, v\x\().s[\lane]
+        fmla    v29.4s, v10.4s, v\x\().s[\lane]
+        fmla    v30.4s, v15.4s, v\x\().s[\lane]
+        fmla    v31.4s, v11.4s, v\x\().s[\lane]
+        .endm
+
+/*
  * zero_acc
  *   v16-v31 = +0.0 (the 64 accumulators of a tile, acc = +0.0)
  */

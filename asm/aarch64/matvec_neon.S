@@ -37,44 +37,6 @@
 #endif
         .endm
 
-        /* one fp16 row of 64 halves at [x0] (advanced by 128): widen exactly, then the fp32 FMAs */
-        .macro  row_f16 lane
-        ld1     {v4.8h - v7.8h}, [x0], #64              // outputs 0-31
-        ld1     {v12.8h - v15.8h}, [x0], #64            // outputs 32-63
-        fcvtl2  v8.4s, v4.8h                            // 4-7
-        fcvtl   v4.4s, v4.4h                            // 0-3
-        fcvtl2  v9.4s, v5.8h                            // 12-15
-        fcvtl   v5.4s, v5.4h                            // 8-11
-        fcvtl2  v10.4s, v6.8h
-        fcvtl   v6.4s, v6.4h
-        fcvtl2  v11.4s, v7.8h
-        fcvtl   v7.4s, v7.4h
-        fmla    v16.4s, v4.4s, v0.s[\lane]
-        fmla    v17.4s, v8.4s, v0.s[\lane]
-        fmla    v18.4s, v5.4s, v0.s[\lane]
-        fmla    v19.4s, v9.4s, v0.s[\lane]
-        fmla    v20.4s, v6.4s, v0.s[\lane]
-        fmla    v21.4s, v10.4s, v0.s[\lane]
-        fmla    v22.4s, v7.4s, v0.s[\lane]
-        fmla    v23.4s, v11.4s, v0.s[\lane]
-        fcvtl2  v8.4s, v12.8h                           // 36-39
-        fcvtl   v12.4s, v12.4h                          // 32-35
-        fcvtl2  v9.4s, v13.8h
-        fcvtl   v13.4s, v13.4h
-        fcvtl2  v10.4s, v14.8h
-        fcvtl   v14.4s, v14.4h
-        fcvtl2  v11.4s, v15.8h
-        fcvtl   v15.4s, v15.4h
-        fmla    v24.4s, v12.4s, v0.s[\lane]
-        fmla    v25.4s, v8.4s, v0.s[\lane]
-        fmla    v26.4s, v13.4s, v0.s[\lane]
-        fmla    v27.4s, v9.4s, v0.s[\lane]
-        fmla    v28.4s, v14.4s, v0.s[\lane]
-        fmla    v29.4s, v10.4s, v0.s[\lane]
-        fmla    v30.4s, v15.4s, v0.s[\lane]
-        fmla    v31.4s, v11.4s, v0.s[\lane]
-        .endm
-
         .macro  row32 lane
         pf_row
         row_f32 0, 0, \lane
@@ -82,7 +44,7 @@
 
         .macro  row16 lane
         pf_row
-        row_f16 \lane
+        row_f16 0, 0, \lane
         .endm
 
         /* the whole kernel body: \row is row32 or row16, \rb the log2 of the row size in bytes */
