@@ -37,8 +37,8 @@ FAMILIES = {"x86_64": ["avx2", "avx512"], "aarch64": ["neon", "sme2"]}
 FAMILY_FALLBACK = {"sme2": "neon"}
 # single ops one family takes from another (the binary16-cache attention of avx2 serves avx512 too)
 SHARED_OPS = {("avx512", "attention_f16"): "avx2"}
-# the dtypes a KV cache may have: float32, or binary16 (State, docs/kernels.md "KV cache")
-KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+# the dtypes a KV cache may have, by name: float32, or binary16 (State, Transformer(kv=...))
+KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
 ALIGN = 64
 TILE = 64
 SIZE_MAX = (1 << 64) - 1          # what a size_t kernel returns for "none" (gpt2asm_argmax_f32)
@@ -265,7 +265,7 @@ def check_cache(k, v, writable: bool = False) -> tuple[int, int]:
     (H, n_ctx)."""
     if not (isinstance(k, np.ndarray) and k.ndim == 3 and k.shape[2] == HEAD_DIM):
         raise InvalidArgumentError("k: expected a cache [n_head][n_ctx][64]")
-    if k.dtype not in KV_DTYPES:
+    if k.dtype not in KV_DTYPES.values():
         raise InvalidArgumentError(f"k: dtype {k.dtype}, expected float32 or float16")
     H, n_ctx, _ = k.shape
     check(k, "k", k.dtype, writable=writable)
@@ -605,8 +605,6 @@ class Plan:
         first writes to `rows` float32 staging rows of 64 (a private area's) -- else 0."""
         if k.dtype != np.float16:
             return 0
-        if self.k.attention_f16 is None:
-            raise KernelUnavailableError(f"the {self.k.family} family has no binary16-cache attention")
         self.priv_kv = max(self.priv_kv, rows * HEAD_DIM)
         return FL_KV16
 
@@ -734,8 +732,7 @@ class Kernels:
         #                                  float *scratch, size_t n_pos, size_t head_stride,
         #                                  size_t head_begin, size_t head_end);   (a binary16 cache; avx512
         #                                  uses avx2's, sme2 neon's)
-        f16 = self._symbol("attention_f16")
-        self.attention_f16 = self._bind(f16, [P, P, P, P, P, N, N, N, N]) if hasattr(self.lib, f16) else None
+        self.attention_f16 = self._bind(self._symbol("attention_f16"), [P, P, P, P, P, N, N, N, N])
         # size_t gpt2asm_argmax_f32_<isa>(const float *x, size_t n);   (SIZE_MAX: a NaN or +-inf in x)
         self.argmax_f32 = self._bind(self._symbol("argmax_f32"), [P, N])
         self.argmax_f32.restype = c_size_t
@@ -978,12 +975,9 @@ class Kernels:
             p.attention(q, k, v, out, int(n_pos))
             self.run_plan(p.build())
             return out
-        f16 = k.dtype == np.float16
-        if f16 and self.attention_f16 is None:
-            raise KernelUnavailableError(f"the {self.family} family has no binary16-cache attention")
         scratch = [np.empty(-(-n_pos // 16) * 16, np.float32) for _ in range(self.threads)]
         self.run(*self.attention_job(addr(q), addr(k), addr(v), addr(out), [addr(s) for s in scratch],
-                                     int(n_pos), n_ctx * HEAD_DIM, n_head, f16))
+                                     int(n_pos), n_ctx * HEAD_DIM, n_head, k.dtype == np.float16))
         return out
 
 

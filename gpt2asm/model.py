@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
-from .kernels import HEAD_DIM, Kernels, Plan, addr, check
+from .kernels import HEAD_DIM, KV_DTYPES, Kernels, Plan, addr, check
 from .state import State, zeros
 from .weights import MATRIX_DTYPES, Weights
 
@@ -46,9 +46,6 @@ def scale(obj, name: str) -> np.ndarray | None:
     return getattr(obj, name + "_s", None)
 
 
-KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
-
-
 class Transformer:
     def __init__(self, weights: Weights, kernels: Kernels, kv: str | None = None):
         """kv: the KV cache's dtype, 'f32' or 'f16'; None: float32 for float32 weights (PyTorch's numbers),
@@ -59,9 +56,7 @@ class Transformer:
             kv = "f32" if weights.dtype == "f32" else "f16"
         if not isinstance(kv, str) or kv not in KV_DTYPES:
             raise InvalidArgumentError(f"kv cache dtype must be one of {', '.join(KV_DTYPES)}, got {kv!r}")
-        if kv == "f16" and kernels.attention_f16 is None:
-            raise KernelUnavailableError(f"the {kernels.family} kernel family has no binary16-cache attention")
-        self.kv, self.kv_dtype = kv, KV_DTYPES[kv]
+        self.kv = kv
         self._validate()
         self.n_tiles_head = -(-self.cfg.vocab_size // 64)
         self.arrays = object()          # identity of the weight arrays the states' plans point at
@@ -119,7 +114,7 @@ class Transformer:
         yield "head_w", self.w.head_w, scale(self.w, "head"), C, self.cfg.vocab_size
 
     def new_state(self) -> State:
-        return State(self.cfg, self.k.threads, self.kv_dtype)
+        return State(self.cfg, self.k.threads, KV_DTYPES[self.kv])
 
     # -- the plan ------------------------------------------------------------------------------------
 

@@ -16,6 +16,18 @@
 #define TB      64                                      /* softmax tail buffer: sp + 64 */
 
 /*
+ * fma4 q0, q1, q2, q3, r0, r1, r2, r3
+ *   acc v0-v3 = fma(v\q0 .. v\q3, v\r0 .. v\r3, acc): one c of dot64, q[16c .. 16c+15] (v16+4c ..)
+ *   times row[16c .. 16c+15].
+ */
+        .macro  fma4 q0, q1, q2, q3, r0, r1, r2, r3
+        fmla    v0.4s, v\q0\().4s, v\r0\().4s
+        fmla    v1.4s, v\q1\().4s, v\r1\().4s
+        fmla    v2.4s, v\q2\().4s, v\r2\().4s
+        fmla    v3.4s, v\q3\().4s, v\r3\().4s
+        .endm
+
+/*
  * dotpos P, p
  *   v\P = lanes s[0..3] of dot64(q, row) after the w = 8 and w = 4 steps of the hsum16 tree, for the
  *   row of 64 floats at [x\p] (advanced by 256); q is in v16-v31 (q[0:4], q[4:8], ..., q[60:64]).
@@ -29,27 +41,26 @@
         movi    v3.16b, #0
         ld1     {v4.4s - v7.4s}, [x\p], #64
         ld1     {v8.4s - v11.4s}, [x\p], #64
-        fmla    v0.4s, v16.4s, v4.4s                    // c = 0
-        fmla    v1.4s, v17.4s, v5.4s
-        fmla    v2.4s, v18.4s, v6.4s
-        fmla    v3.4s, v19.4s, v7.4s
+        fma4    16, 17, 18, 19, 4, 5, 6, 7              // c = 0
         ld1     {v4.4s - v7.4s}, [x\p], #64
-        fmla    v0.4s, v20.4s, v8.4s                    // c = 1
-        fmla    v1.4s, v21.4s, v9.4s
-        fmla    v2.4s, v22.4s, v10.4s
-        fmla    v3.4s, v23.4s, v11.4s
+        fma4    20, 21, 22, 23, 8, 9, 10, 11            // c = 1
         ld1     {v8.4s - v11.4s}, [x\p], #64
-        fmla    v0.4s, v24.4s, v4.4s                    // c = 2
-        fmla    v1.4s, v25.4s, v5.4s
-        fmla    v2.4s, v26.4s, v6.4s
-        fmla    v3.4s, v27.4s, v7.4s
-        fmla    v0.4s, v28.4s, v8.4s                    // c = 3
-        fmla    v1.4s, v29.4s, v9.4s
-        fmla    v2.4s, v30.4s, v10.4s
-        fmla    v3.4s, v31.4s, v11.4s
+        fma4    24, 25, 26, 27, 4, 5, 6, 7              // c = 2
+        fma4    28, 29, 30, 31, 8, 9, 10, 11            // c = 3
         fadd    v0.4s, v0.4s, v2.4s                     // w = 8
         fadd    v1.4s, v1.4s, v3.4s
         fadd    v\P\().4s, v0.4s, v1.4s                 // w = 4
+        .endm
+
+/*
+ * widen4 lo, hi
+ *   v8-v11 = the 16 halves of v\lo, v\hi (8 each) widened exactly: 0-3, 4-7 of v\lo, 0-3, 4-7 of v\hi.
+ */
+        .macro  widen4 lo, hi
+        fcvtl   v8.4s, v\lo\().4h
+        fcvtl2  v9.4s, v\lo\().8h
+        fcvtl   v10.4s, v\hi\().4h
+        fcvtl2  v11.4s, v\hi\().8h
         .endm
 
 /*
@@ -63,39 +74,15 @@
         movi    v2.16b, #0
         movi    v3.16b, #0
         ld1     {v4.8h - v7.8h}, [x\p], #64             // row[0:32]
-        fcvtl   v8.4s, v4.4h
-        fcvtl2  v9.4s, v4.8h
-        fcvtl   v10.4s, v5.4h
-        fcvtl2  v11.4s, v5.8h
-        fmla    v0.4s, v16.4s, v8.4s                    // c = 0
-        fmla    v1.4s, v17.4s, v9.4s
-        fmla    v2.4s, v18.4s, v10.4s
-        fmla    v3.4s, v19.4s, v11.4s
-        fcvtl   v8.4s, v6.4h
-        fcvtl2  v9.4s, v6.8h
-        fcvtl   v10.4s, v7.4h
-        fcvtl2  v11.4s, v7.8h
+        widen4  4, 5
+        fma4    16, 17, 18, 19, 8, 9, 10, 11            // c = 0
+        widen4  6, 7
         ld1     {v4.8h - v7.8h}, [x\p], #64             // row[32:64]
-        fmla    v0.4s, v20.4s, v8.4s                    // c = 1
-        fmla    v1.4s, v21.4s, v9.4s
-        fmla    v2.4s, v22.4s, v10.4s
-        fmla    v3.4s, v23.4s, v11.4s
-        fcvtl   v8.4s, v4.4h
-        fcvtl2  v9.4s, v4.8h
-        fcvtl   v10.4s, v5.4h
-        fcvtl2  v11.4s, v5.8h
-        fmla    v0.4s, v24.4s, v8.4s                    // c = 2
-        fmla    v1.4s, v25.4s, v9.4s
-        fmla    v2.4s, v26.4s, v10.4s
-        fmla    v3.4s, v27.4s, v11.4s
-        fcvtl   v8.4s, v6.4h
-        fcvtl2  v9.4s, v6.8h
-        fcvtl   v10.4s, v7.4h
-        fcvtl2  v11.4s, v7.8h
-        fmla    v0.4s, v28.4s, v8.4s                    // c = 3
-        fmla    v1.4s, v29.4s, v9.4s
-        fmla    v2.4s, v30.4s, v10.4s
-        fmla    v3.4s, v31.4s, v11.4s
+        fma4    20, 21, 22, 23, 8, 9, 10, 11            // c = 1
+        widen4  4, 5
+        fma4    24, 25, 26, 27, 8, 9, 10, 11            // c = 2
+        widen4  6, 7
+        fma4    28, 29, 30, 31, 8, 9, 10, 11            // c = 3
         fadd    v0.4s, v0.4s, v2.4s                     // w = 8
         fadd    v1.4s, v1.4s, v3.4s
         fadd    v\P\().4s, v0.4s, v1.4s                 // w = 4

@@ -26,6 +26,22 @@
         .endm
 
 /*
+ * pvrow es, p, d
+ *   o = fma(p, v_t, o) for the 64 outputs o in ymm0-7 and the row v_t of 64 elements at \d(%rax);
+ *   \p holds p_t broadcast.  Clobbers ymm10-15 (es = 2).
+ */
+        .macro  pvrow es, p, d
+        kvrow       \es, \p,  0, \d, %rax, %ymm0, 10
+        kvrow       \es, \p,  8, \d, %rax, %ymm1, 11
+        kvrow       \es, \p, 16, \d, %rax, %ymm2, 12
+        kvrow       \es, \p, 24, \d, %rax, %ymm3, 13
+        kvrow       \es, \p, 32, \d, %rax, %ymm4, 14
+        kvrow       \es, \p, 40, \d, %rax, %ymm5, 15
+        kvrow       \es, \p, 48, \d, %rax, %ymm6, 10
+        kvrow       \es, \p, 56, \d, %rax, %ymm7, 11
+        .endm
+
+/*
  * dotpos_avx2 es, r, p, d
  *   xmm\r = lanes s[0..3] of dot64(q, row) after the w = 8 and w = 4 steps of the hsum16 tree, for the
  *   row of 64 elements (es bytes each) at \d(\p); q is in ymm8-15 (q[0:8], q[8:16], ..., q[56:64]).
@@ -162,22 +178,8 @@ function \name
 5:
         vbroadcastss  (%r8,%r10,4), %ymm8           // p_t
         vbroadcastss 4(%r8,%r10,4), %ymm9           // p_t+1
-        kvrow       \es, %ymm8,  0, 0, %rax, %ymm0, 10         // o = fma(p_t, v_t, o)
-        kvrow       \es, %ymm8,  8, 0, %rax, %ymm1, 11
-        kvrow       \es, %ymm8, 16, 0, %rax, %ymm2, 12
-        kvrow       \es, %ymm8, 24, 0, %rax, %ymm3, 13
-        kvrow       \es, %ymm8, 32, 0, %rax, %ymm4, 14
-        kvrow       \es, %ymm8, 40, 0, %rax, %ymm5, 15
-        kvrow       \es, %ymm8, 48, 0, %rax, %ymm6, 10
-        kvrow       \es, %ymm8, 56, 0, %rax, %ymm7, 11
-        kvrow       \es, %ymm9,  0, 64*\es, %rax, %ymm0, 10
-        kvrow       \es, %ymm9,  8, 64*\es, %rax, %ymm1, 11
-        kvrow       \es, %ymm9, 16, 64*\es, %rax, %ymm2, 12
-        kvrow       \es, %ymm9, 24, 64*\es, %rax, %ymm3, 13
-        kvrow       \es, %ymm9, 32, 64*\es, %rax, %ymm4, 14
-        kvrow       \es, %ymm9, 40, 64*\es, %rax, %ymm5, 15
-        kvrow       \es, %ymm9, 48, 64*\es, %rax, %ymm6, 10
-        kvrow       \es, %ymm9, 56, 64*\es, %rax, %ymm7, 11
+        pvrow       \es, %ymm8, 0                   // o = fma(p_t, v_t, o)
+        pvrow       \es, %ymm9, 64*\es              // o = fma(p_t+1, v_t+1, o)
         addq        $128*\es, %rax
         addq        $2, %r10
         decq        %rbx
@@ -186,14 +188,7 @@ function \name
         testb       $1, %r9b
         jz          7f
         vbroadcastss (%r8,%r10,4), %ymm8
-        kvrow       \es, %ymm8,  0, 0, %rax, %ymm0, 10
-        kvrow       \es, %ymm8,  8, 0, %rax, %ymm1, 11
-        kvrow       \es, %ymm8, 16, 0, %rax, %ymm2, 12
-        kvrow       \es, %ymm8, 24, 0, %rax, %ymm3, 13
-        kvrow       \es, %ymm8, 32, 0, %rax, %ymm4, 14
-        kvrow       \es, %ymm8, 40, 0, %rax, %ymm5, 15
-        kvrow       \es, %ymm8, 48, 0, %rax, %ymm6, 10
-        kvrow       \es, %ymm8, 56, 0, %rax, %ymm7, 11
+        pvrow       \es, %ymm8, 0
 7:
         movq        %r13, %rax
         shlq        $8, %rax
