@@ -510,7 +510,7 @@ class Plan:
         check(out, "out", np.float32, H * HEAD_DIM, writable=True)
         flags, f = self._prologue(ln, embed, n_in, None)
         self._limit_pos(n_ctx)
-        self.priv_s = max(self.priv_s, -(-n_ctx // 16) * 16)
+        self.priv_s = max(self.priv_s, H * (-(-n_ctx // 16) * 16))        # a score row per head
         f.update(wf, b=self._ptr(b), y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out),
                  a3=n_ctx * HEAD_DIM)
         return self._add(KIND_QKV, flags | wflag | kvflag, H, None, f)
@@ -595,7 +595,7 @@ class Plan:
         H, n_ctx = check_attention(q, k, v, n_pos)
         kvflag = self._kv16(k, 0)
         check(out, "out", np.float32, H * HEAD_DIM, writable=True)
-        self.priv_s = max(self.priv_s, -(-int(n_pos) // 16) * 16)
+        self.priv_s = max(self.priv_s, H * (-(-int(n_pos) // 16) * 16))   # a score row per head
         f = dict(y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out), a3=n_ctx * HEAD_DIM,
                  a4=int(n_pos))
         return self._add(KIND_ATTN, kvflag, H, None, f)
@@ -878,7 +878,8 @@ class Kernels:
 
     def attention_job(self, q: int, k: int, v: int, out: int, scratch: list[int], n_pos: int,
                       head_stride: int, n_head: int, f16: bool = False):
-        """(kernel, per-thread args) of attention over a float32 cache, or a binary16 one (f16)."""
+        """(kernel, per-thread args) of attention over a float32 cache, or a binary16 one (f16); each
+        scratch holds a row of roundup16(n_pos) floats for every head of its thread's share."""
         parts = self.threads if self.pool else 1
         return self.attention_f16 if f16 else self.attention_f32, [(q, k, v, out, s, n_pos, head_stride, h0, h1)
                                     for (h0, h1), s in zip(split(n_head, parts), scratch)]
@@ -975,7 +976,7 @@ class Kernels:
             p.attention(q, k, v, out, int(n_pos))
             self.run_plan(p.build())
             return out
-        scratch = [np.empty(-(-n_pos // 16) * 16, np.float32) for _ in range(self.threads)]
+        scratch = [np.empty(n_head * (-(-n_pos // 16) * 16), np.float32) for _ in range(self.threads)]
         self.run(*self.attention_job(addr(q), addr(k), addr(v), addr(out), [addr(s) for s in scratch],
                                      int(n_pos), n_ctx * HEAD_DIM, n_head, k.dtype == np.float16))
         return out

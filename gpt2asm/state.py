@@ -41,7 +41,7 @@ class State:
         self.fc = zeros(padded(4 * C))              # MLP hidden
         self.logits = zeros(padded(cfg.vocab_size))  # [vocab padded to 64]
         self.logits_view = self.logits[:cfg.vocab_size]
-        self.scratch = [zeros(-(-T // 16) * 16) for _ in range(threads)]  # attention scores (reference path)
+        self.scratch = [zeros(H * (-(-T // 16) * 16)) for _ in range(threads)]  # scores: a row per head
         self.n = 0                                          # positions held in the cache
         self.plan = None                                    # the step plan over these buffers (model.py),
         self.plan_owner = None                              # built by this Transformer on first use

@@ -93,8 +93,9 @@ def _written(op: str, args) -> list[tuple[int, int]]:
     if op in ("gelu_f32", "expf_f32", "softmax_f32"):
         return [(args[1], args[2])]
     if op == "attention_f32":
-        q, k, v, out, scratch, n_pos, stride, h0, h1 = args
-        return [(out + 256 * h0, 64 * (h1 - h0)), (scratch, n_pos)]   # scratch holds p[0..n_pos)
+        q, k, v, out, scratch, n_pos, stride, h0, h1 = args       # scratch row i: p of head h0 + i
+        return [(out + 256 * h0, 64 * (h1 - h0))] + [(scratch + 4 * i * (-(-n_pos // 16) * 16), n_pos)
+                                                     for i in range(h1 - h0)]
     raise KeyError(op)
 
 
@@ -112,7 +113,8 @@ def _describe(op: str, args, inputs: np.ndarray | None, region: int, got: np.nda
     elif op == "attention_f32":
         n_pos, h0 = args[5], args[7]
         where = (f"(n_pos={n_pos}, heads {h0}..{args[8]}): "
-                 + (f"out[head {h0 + i // 64}][{i % 64}]" if region == 0 else f"scratch p[{i}]"))
+                 + (f"out[head {h0 + i // 64}][{i % 64}]" if region == 0 else
+                    f"scratch p[{i}] of head {h0 + region - 1}"))
     else:
         where = f"(n={args[-1]}): y[{i}]"
         if inputs is not None:

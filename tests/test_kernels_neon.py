@@ -777,8 +777,8 @@ def test_attention_order_witness(variant):
 
 
 @arm_test
-def test_attention_scratch_is_exactly_roundup16(variant):
-    ops.test_attention_scratch_is_exactly_roundup16(variant)
+def test_attention_scratch_is_exactly_roundup16_per_head(variant):
+    ops.test_attention_scratch_is_exactly_roundup16_per_head(variant)
 
 
 @arm_test
@@ -977,7 +977,7 @@ def fingerprint_cases():
         v = rbits(110 + i, n_head * n_ctx * HEAD, 110, 127).reshape(n_head, n_ctx, HEAD)
         for hb, he in ((0, 3), (1, 2)):
             yield "attention", "attention", (q, k, v, np.zeros(n_head * HEAD, F32),
-                                             np.zeros(-(-n_pos // 16) * 16, F32), n_pos, n_ctx * HEAD,
+                                             np.zeros(ops.attn_scratch(n_pos, hb, he), F32), n_pos, n_ctx * HEAD,
                                              hb, he), 3
     # matvec: n_in mod 4 = 0..3, tile ranges, bias or NULL, a few NaN / inf weights and inputs
     for i, n_in in enumerate((1, 3, 4, 7, 64, 133)):

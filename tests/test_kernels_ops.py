@@ -941,10 +941,15 @@ def attn_case(rng, n_head: int, n_ctx: int, n_pos: int, qscale=0.5):
 OUT_FILL = bits_f32(0x7FC0DEAD)
 
 
-def attn(variant, q, k, v, n_pos, hb, he, scratch_len=None):
+def attn_scratch(n_pos, hb, he) -> int:
+    """floats of attention scratch: a row of roundup16(n_pos) per head (at least one row)."""
+    return max(1, he - hb) * (-(-n_pos // 16) * 16)
+
+
+def attn(variant, q, k, v, n_pos, hb, he):
     n_head, n_ctx = k.shape[:2]
     out = np.full(n_head * HEAD, OUT_FILL, F32)
-    scratch = np.full(scratch_len or -(-n_pos // 16) * 16, OUT_FILL, F32)
+    scratch = np.full(attn_scratch(n_pos, hb, he), OUT_FILL, F32)
     run(variant, "attention", q, k, v, out, scratch, n_pos, n_ctx * HEAD, hb, he)
     untouched = np.ones(n_head * HEAD, bool)
     untouched[hb * HEAD:he * HEAD] = False
@@ -1019,14 +1024,15 @@ def test_attention_order_witness(variant):
     assert np.allclose(got, 1 - 2 * p1, rtol=1e-6)  # equal scores would give 0
 
 
-def test_attention_scratch_is_exactly_roundup16(variant):
-    """scratch of exactly roundup16(n_pos) floats (the guards check nothing is written past it) and
-    n_ctx = n_pos (the cache ends right after the last row read)."""
+def test_attention_scratch_is_exactly_roundup16_per_head(variant):
+    """scratch of exactly (head_end - head_begin) rows of roundup16(n_pos) floats (the guards check
+    nothing is written past it) and n_ctx = n_pos (the cache ends right after the last row read)."""
     rng = np.random.default_rng(5)
     for n_pos in (1, 3, 5, 15, 16, 17, 33, 47, 63, 64, 65):
-        q, k, v = attn_case(rng, 2, n_pos, n_pos)
-        got = attn(variant, q, k, v, n_pos, 1, 2)
-        assert_model(got, attention_c(q, k, v, n_pos, 1, 2), f"n_pos={n_pos}")
+        q, k, v = attn_case(rng, 3, n_pos, n_pos)
+        for hb, he in ((1, 2), (0, 3), (1, 3)):
+            got = attn(variant, q, k, v, n_pos, hb, he)
+            assert_model(got, attention_c(q, k, v, n_pos, hb, he), f"n_pos={n_pos} heads {hb}..{he}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1037,7 +1043,7 @@ def attn16(r, q, k16, v16, n_pos, hb, he):
     runner on the rows widened to float32: their outputs, which the contract says are the same bits."""
     n_head, n_ctx = k16.shape[:2]
     out = np.full(n_head * HEAD, OUT_FILL, F32)
-    scratch = np.full(-(-n_pos // 16) * 16, OUT_FILL, F32)
+    scratch = np.full(attn_scratch(n_pos, hb, he), OUT_FILL, F32)
     r("attention16", q, k16, v16, out, scratch, n_pos, n_ctx * HEAD, hb, he)
     untouched = np.ones(n_head * HEAD, bool)
     untouched[hb * HEAD:he * HEAD] = False
@@ -1150,7 +1156,7 @@ def fence_jobs(rng):
         jobs.append(("layernorm", (x, g, b, np.zeros(n, F32), n), 3, layernorm_c(x, g, b)))
     for n_pos in (1, 2, 5, 16, 17, 31):
         q, k, v = attn_case(rng, 3, n_pos, n_pos)     # n_ctx = n_pos: the last head ends the cache
-        args = (q, k, v, np.zeros(3 * HEAD, F32), np.zeros(-(-n_pos // 16) * 16, F32),
+        args = (q, k, v, np.zeros(3 * HEAD, F32), np.zeros(attn_scratch(n_pos, 0, 3), F32),
                 n_pos, n_pos * HEAD, 0, 3)
         jobs.append(("attention", args, 3, attention_c(q, k, v, n_pos, 0, 3)))
     return jobs
@@ -1589,7 +1595,7 @@ def bench(min_time: float = 0.3) -> None:
     k = buf(rng.standard_normal((12, n_ctx, HEAD)).astype(F32))
     v = buf(rng.standard_normal((12, n_ctx, HEAD)).astype(F32))
     for n_pos in (200, 800):
-        args = (elem(12 * HEAD), k, v, elem(12 * HEAD), elem(n_ctx), n_pos, n_ctx * HEAD, 0, 12)
+        args = (elem(12 * HEAD), k, v, elem(12 * HEAD), elem(12 * n_ctx), n_pos, n_ctx * HEAD, 0, 12)
         cases.append(("attention", f"n_pos={n_pos} 12 heads", args, 12 * n_pos))
     empty = 0.0
     if "avx2" in have:

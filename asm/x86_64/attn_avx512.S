@@ -84,9 +84,11 @@
  *
  *   for h in [head_begin, head_end):
  *     s_t    = dot64(q_h, k_h[t]) * 0.125f                 t < n_pos   (k_h = k + h*head_stride)
- *     p      = softmax(s)                                  (in scratch, as gpt2asm_softmax_f32)
+ *     p      = softmax(s)            (in scratch row h - head_begin, as gpt2asm_softmax_f32)
  *     out_h  = sum_t p_t v_h[t]   (o = +0.0; o = fma(p_t, v_h[t], o) for t = 0, 1, ...)
- *   scratch: roundup16(n_pos) floats; n_pos >= 1.
+ *   scratch: (head_end - head_begin) rows of roundup16(n_pos) floats; n_pos >= 1.
+ *   (Head by head; the AVX2 kernel interleaves the heads position by position, which the same
+ *   operations allow.  Not measured on AVX-512 hardware.)
  */
 function gpt2asm_attention_f32_avx512
         pushq       %rbx
@@ -216,6 +218,9 @@ function gpt2asm_attention_f32_avx512
         vmovups     %zmm1,  64(%rax)
         vmovups     %zmm2, 128(%rax)
         vmovups     %zmm3, 192(%rax)
+        leaq        15(%r9), %rax
+        andq        $-16, %rax
+        leaq        (%r8,%rax,4), %r8               // the next head's scratch row
         incq        %r13
         cmpq        %r14, %r13
         jb          1b

@@ -685,30 +685,21 @@ plan_jobs_\isa:
         movq    %rax, F_H(%rsp)
         cmpq    F_T1(%rsp), %rax
         jb      .Lqkv_v_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
-.Lqkv_att_\isa:                                 /* attention head by head (software prefetch of
-                                                   the cached rows, all at once before each head,
-                                                   cost ~10 % of the job at position 800 on Zen 4) */
-        movq    J_Y(%r14), %rdi                 /* q */
+        movq    J_Y(%r14), %rdi                 /* the attention of the claimed heads, one call */
         movq    J_A0(%r14), %rsi                /* k */
         movq    J_A1(%r14), %rdx                /* v */
         movq    J_A2(%r14), %rcx                /* out */
         movq    %rbx, %r8
-        addq    PL_S_OFF(%r13), %r8             /* scratch */
+        addq    PL_S_OFF(%r13), %r8             /* scratch: a row per head */
         movq    PL_POS(%r13), %r9
         incq    %r9                             /* n_pos = pos + 1 */
         movq    J_A3(%r14), %rax
         movq    %rax, 0(%rsp)                   /* head_stride */
-        movq    F_H(%rsp), %rax
+        movq    F_T0(%rsp), %rax
         movq    %rax, 8(%rsp)                   /* head_begin */
-        incq    %rax
+        movq    F_T1(%rsp), %rax
         movq    %rax, 16(%rsp)                  /* head_end */
-        movq    %rax, F_H(%rsp)
         att_call \isa
-        movq    F_H(%rsp), %rax
-        cmpq    F_T1(%rsp), %rax
-        jb      .Lqkv_att_\isa
         jmp     .Lqkv_claim_\isa
 
         /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
