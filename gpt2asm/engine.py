@@ -272,9 +272,12 @@ class GPT2:
     def _decode_loop(self, state, logits, history: list[int], n: int, sampler: Sampler, stats: dict | None,
                      t1: float, fed: list[int] | None = None) -> Iterator[int]:
         """Sample n tokens starting from `logits`, feeding each but the last into `state`; fed tracks the
-        tokens the cache holds (sessions)."""
+        tokens the cache holds (sessions).  Greedy sampling takes the first maximum that the step's LM head
+        job found while the logits were in cache (Plan.first_max), when every logit may be sampled."""
+        fused = self.n_sample == self.config.vocab_size
         for k in range(n):
-            tok = sampler(logits[:self.n_sample], history)
+            g = state.greedy if fused else None                 # the plan that produced these logits
+            tok = sampler(logits[:self.n_sample], history, None if g is None else g.first_max)
             history.append(tok)
             if stats is not None:
                 stats["generated"] = k + 1

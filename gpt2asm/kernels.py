@@ -327,6 +327,8 @@ JOB_BYTES = 256
 KIND_MATVEC, KIND_QKV, KIND_ATTN, KIND_MATMUL, KIND_ROWLN, KIND_ROWATTN = 0, 1, 2, 3, 4, 5
 PRO_LN, PRO_EMBED, FL_F16, FL_Q8, EPI_GELU, EPI_RESID, FL_ROWS, FL_KV = 1, 2, 4, 8, 0x10, 0x20, 0x40, 0x80
 FL_KV16 = 0x4000              # binary16 caches (bits 8-13 hold the claim shift)
+EPI_ARGMAX = 0x30             # MATVEC: the first maximum of the outputs into per-thread slots
+ARGMAX_CHUNK = 16             # tiles per claim of an ARGMAX job: its outputs are scanned while in cache
 # u64 slots of a job record (byte offset / 8)
 _J = dict(n=1, chunk=2, w=3, b=4, y=5, n_in=6, x=7, g=8, beta=9, a0=10, a1=11, a2=12, a3=13, a4=14,
           tile_bytes=15, scale=16, ldx=17, ldy=18, ldr=19)
@@ -415,6 +417,11 @@ class Plan:
         self.max_rows: int | None = None                     # row jobs: rows per run (set_rows)
         self.buf: np.ndarray | None = None
         self.addr = self.n_jobs = 0
+        self.argmax_job: int | None = None
+        self.slots = _aligned_zeros(16 * kernels.threads)   # ARGMAX: per thread {u64 index, f32, u32 bad}
+        self._slot_views = [(ctypes.c_uint64.from_buffer(self.slots, 16 * t),
+                             ctypes.c_float.from_buffer(self.slots, 16 * t + 8),
+                             ctypes.c_uint32.from_buffer(self.slots, 16 * t + 12)) for t in range(kernels.threads)]
 
     # -- building -----------------------------------------------------------------------------------
 
@@ -476,16 +483,17 @@ class Plan:
 
     def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,
                scale: np.ndarray | None = None, ln=None, embed: bool = False, gelu: bool = False,
-               resid: np.ndarray | None = None, chunk: int | None = None) -> int:
+               resid: np.ndarray | None = None, argmax: int | None = None, chunk: int | None = None) -> int:
         """y = W in + b over the tiles of w (float32, float16, or int8 with its scales: required iff int8),
         in = x or LayerNorm(ln = (source, gain, bias)) (after the embedding add if embed); then y = gelu(y),
-        or resid += y (the residual add).  Returns the job index."""
+        or resid += y (the residual add), or (argmax = n, one job per plan) the first maximum of y[0..n)
+        for first_max() (claims of ARGMAX_CHUNK tiles, scanned while in cache).  Returns the job index."""
         n_tiles, n_in, wflag, wf = self._weights(w, scale)
         flags, f = self._prologue(ln, embed, n_in, x)
         check(y, "y", np.float32, n_tiles * TILE, writable=True)
         if b is not None:
             check(b, "b", np.float32, n_tiles * TILE)
-        if gelu and resid is not None:
+        if (gelu, resid is not None, argmax is not None).count(True) > 1:
             raise InvalidArgumentError("one epilogue per job")
         if gelu:
             flags |= EPI_GELU
@@ -493,8 +501,20 @@ class Plan:
             check(resid, "resid", np.float32, n_tiles * TILE, writable=True)
             flags |= EPI_RESID
             f["a0"] = self._ptr(resid)
+        if argmax is not None:
+            if not (_is_int(argmax) and TILE * (n_tiles - 1) < argmax <= TILE * n_tiles < 1 << 31):
+                raise InvalidArgumentError(f"argmax: the outputs scanned must be in ({TILE * (n_tiles - 1)}, "
+                                           f"{TILE * n_tiles}], below 2^31; got {argmax!r}")
+            if self.argmax_job is not None:
+                raise InvalidArgumentError("one argmax job per plan")
+            flags |= EPI_ARGMAX
+            f.update(a0=self._ptr(self.slots), a1=int(argmax))
+            chunk = ARGMAX_CHUNK if chunk is None else chunk
         f.update(wf, b=0 if b is None else self._ptr(b), y=self._ptr(y))
-        return self._add(KIND_MATVEC, flags | wflag, n_tiles, chunk, f)
+        job = self._add(KIND_MATVEC, flags | wflag, n_tiles, chunk, f)
+        if argmax is not None:
+            self.argmax_job = job
+        return job
 
     def qkv_attention(self, w: np.ndarray, b: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                       out: np.ndarray, *, ln, embed: bool = False, scale: np.ndarray | None = None) -> int:
@@ -655,6 +675,24 @@ class Plan:
 
     def __len__(self) -> int:
         return len(self.jobs)
+
+    def first_max(self) -> int | None:
+        """After a run that included the argmax job: the index of the first maximum of its outputs
+        (numpy.argmax), or None if any of them is NaN or ±inf -- what Kernels.argmax gives on them.
+        (Read through ctypes views of the slots made at build(): this runs on cold caches after every
+        step, where each numpy call costs microseconds.)"""
+        if self.argmax_job is None:
+            raise InvalidArgumentError("the plan has no argmax job")
+        best = bv = None
+        for i, v, bad in self._slot_views:
+            if bad.value:
+                return None
+            i = i.value
+            if i != SIZE_MAX and (best is None or v.value > bv or (v.value == bv and i < best)):
+                best, bv = i, v.value
+        if best is None:
+            raise LibraryError("the argmax job left no result (was it run?)")
+        return best
 
     def set_step(self, token: int, pos: int) -> None:
         """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""

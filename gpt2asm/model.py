@@ -133,7 +133,8 @@ class Transformer:
             p.matvec(L.attn_proj_w, s.att, L.attn_proj_b, s.proj, resid=s.x, scale=scale(L, "attn_proj"))
             p.matvec(L.fc_w, None, L.fc_b, s.fc, ln=(s.x, L.ln2_g, L.ln2_b), gelu=True, scale=scale(L, "fc"))
             p.matvec(L.proj_w, s.fc, L.proj_b, s.proj, resid=s.x, scale=scale(L, "proj"))
-        p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b), scale=scale(w, "head"))
+        p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b), scale=scale(w, "head"),
+                 argmax=V)                         # + the first maximum of the logits, while in cache
         return p.build()
 
     def build_prefill_plan(self, s: State) -> Plan:
@@ -187,7 +188,7 @@ class Transformer:
         plan = s.plan if s.plan_owner is self.arrays else self._step_plan(s)
         plan.set_step(token, pos)                  # checked again against the plan's own limits
         self.k.run_plan(plan)                      # the whole forward step: one call into the library
-        s.n = pos + 1
+        s.n, s.greedy = pos + 1, plan              # plan.first_max(): the argmax of these logits
         return s.logits_view
 
     def _check_tokens(self, s: State, tokens) -> list[int]:
@@ -224,6 +225,7 @@ class Transformer:
         s.x[:] = s.rows.x[T - 1]
         L = JOBS_PER_LAYER * self.cfg.n_layer
         self.k.run_plan(head, L, L + 1)                            # LayerNorm f + LM head, last token
+        s.greedy = head
         return s.logits_view
 
     def _run_rows(self, s: State, tokens: list[int], R: int, after=None) -> int:
@@ -308,6 +310,7 @@ class Transformer:
         C = self.cfg.n_embd
         self.k.layernorm_f32(addr(s.x), addr(self.w.ln_f_g), addr(self.w.ln_f_b), addr(s.h), C)
         self._matvec(self.w.head_w, scale(self.w, "head"), addr(s.h), self.w.head_b, addr(s.logits), C)
+        s.greedy = None
         return s.logits[:self.cfg.vocab_size]
 
     def step_reference(self, s: State, token: int) -> np.ndarray:

@@ -55,11 +55,13 @@ class Sampler:
         self.penalty = float(repetition_penalty)
         self.rng = Rng(seed)
 
-    def __call__(self, logits: np.ndarray, history: list[int] | None = None) -> int:
-        """logits [vocab] float32 (not modified) -> token id."""
+    def __call__(self, logits: np.ndarray, history: list[int] | None = None, first_max=None) -> int:
+        """logits [vocab] float32 (not modified) -> token id.  first_max: None, or a function giving the
+        argmax of these logits as self.argmax would (an int, None if any is non-finite), already computed
+        (the step's LM head job: no second pass over the logits)."""
         greedy = self.temperature == 0.0 and (self.penalty == 1.0 or not history)
-        if greedy and self.argmax is not None:
-            i = self.argmax(logits)                       # plain greedy: the first maximum
+        if greedy and (first_max is not None or self.argmax is not None):
+            i = first_max() if first_max is not None else self.argmax(logits)   # plain greedy: the first maximum
             if i is None:
                 self._non_finite(logits)
             return i

@@ -349,6 +349,129 @@ def test_checked_kernels_through_the_emulated_avx512_plan(families):
             assert np.array_equal(bits(k.attention(q, k16, v16, n_pos)), bits(native.attention(q, k16, v16, n_pos)))
 
 
+# --------------------------------------------------------------------------------------------------
+# the ARGMAX epilogue (greedy sampling inside the LM head job)
+
+def _argmax_case(values: np.ndarray, n_tiles: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tiled w, x) whose matvec gives exactly `values` (padded outputs: +1e30, larger than any of
+    them, so that counting one of them would show): x = e_0, row 0 of W = the values."""
+    W = np.zeros((3, 64 * n_tiles), np.float32)
+    W[0] = 1e30
+    W[0, :values.size] = values
+    x = np.zeros(3, np.float32)
+    x[0] = 1
+    return tile_matrix(W), x
+
+
+def _first_max(values: np.ndarray):
+    return None if not np.isfinite(values).all() else int(np.argmax(values))
+
+
+def _argmax_cases(rng):
+    """(values, n_tiles): ties across tiles (the first wins), all negative (the padded outputs past
+    n must not count), non-finite inside and past n, the maximum first and last."""
+    n_tiles, n = 37, 64 * 36 + 29
+    base = lambda: (rng.standard_normal(n) * 3).astype(np.float32)      # noqa: E731
+    for first in (5, 64 * 17 + 3, 64 * 30):
+        v = base()
+        v[[first, 64 * 31 + 2, n - 1]] = v.max() + 1                      # equal maxima in later claims
+        yield v, n_tiles
+    v = -np.abs(base()) - 1
+    yield v, n_tiles
+    for bad in (np.nan, np.inf, -np.inf):
+        v = base()
+        v[int(rng.integers(0, n))] = bad
+        yield v, n_tiles
+    v = base()
+    v[0] = 100
+    yield v, n_tiles
+    v = base()
+    v[n - 1] = 100
+    yield v, n_tiles
+    yield base()[:64], 1                                                   # one tile, all of it
+    yield base()[:65], 2
+
+
+def test_argmax_epilogue_is_the_first_maximum(families):
+    """MATVEC with argmax=n: Plan.first_max() is numpy's first maximum of y[0..n) (None with a NaN or an
+    infinity among them) for every thread count and claim size, y itself unchanged."""
+    rng = np.random.default_rng(8)
+    cases = list(_argmax_cases(rng))
+    for fam in families:
+        for threads in (1, 2, 3):
+            k = Kernels(fam, threads)
+            for values, n_tiles in cases:
+                w, x = _argmax_case(values, n_tiles)
+                for chunk in (None, 1, 7, n_tiles):
+                    y = np.zeros(64 * n_tiles, np.float32)
+                    p = k.new_plan()
+                    p.matvec(w, x, None, y, argmax=values.size, chunk=chunk)
+                    k.run_plan(p.build())
+                    assert np.array_equal(bits(y[:values.size]), bits(values))
+                    assert p.first_max() == _first_max(values), (fam, threads, chunk, values.size)
+            k.close()
+
+
+def test_argmax_epilogue_on_the_emulated_avx512_plan(families):
+    """The avx512 plan calls gpt2asm_argmax_f32_avx512 in the epilogue: the same first maximum."""
+    import avx512emu
+    if not avx512emu.available():
+        pytest.skip(avx512emu.why_unavailable())
+    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+    rng = np.random.default_rng(9)
+    cases = list(_argmax_cases(rng))[:5]
+    with avx512emu.Avx512Emulator(PKG_DIR / LIB_NAME, timeout=120.0) as emu:
+        k = EmulatedAvx512(emu)
+        for values, n_tiles in cases:
+            w, x = _argmax_case(values, n_tiles)
+            y = np.zeros(64 * n_tiles, np.float32)
+            p = k.new_plan()
+            p.matvec(w, x, None, y, argmax=values.size, chunk=4)
+            k.run_plan(p.build())
+            assert p.first_max() == _first_max(values)
+
+
+def test_argmax_epilogue_validation(families):
+    k = Kernels(families[0])
+    w = tile_matrix(np.ones((8, 130), np.float32))               # [3][8][64]
+    x, y = np.ones(8, np.float32), np.zeros(192, np.float32)
+    for n in (0, 128, 193, -1, 1.5, True):
+        with pytest.raises(InvalidArgumentError):
+            k.new_plan().matvec(w, x, None, y, argmax=n)
+    for kw in (dict(gelu=True), dict(resid=np.zeros(192, np.float32))):
+        with pytest.raises(InvalidArgumentError):
+            k.new_plan().matvec(w, x, None, y, argmax=130, **kw)
+    p = k.new_plan()
+    p.matvec(w, x, None, y, argmax=130)
+    with pytest.raises(InvalidArgumentError):
+        p.matvec(w, x, None, np.zeros(192, np.float32), argmax=130)       # one argmax job per plan
+    q = k.new_plan()
+    q.matvec(w, x, None, y)
+    with pytest.raises(InvalidArgumentError):
+        q.build().first_max()                                            # no argmax job
+    k.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_model_steps_carry_the_first_maximum(tiny, families, threads):
+    """After every plan step and prefill the state's plan gives the argmax of the logits it returned
+    (what greedy decoding samples), and generate() takes it: the same tokens as numpy's argmax."""
+    w, ids, _ = tiny
+    for fam in families:
+        k = Kernels(fam, threads)
+        model = Transformer(w, k)
+        s = model.new_state()
+        logits = model.prefill(s, ids)
+        toks = []
+        for _ in range(6):
+            assert s.greedy.first_max() == int(np.argmax(logits))
+            toks.append(int(np.argmax(logits)))
+            logits = model.step(s, toks[-1])
+        model.step_reference(s, toks[-1])
+        assert s.greedy is None                                          # the reference path: none
+        k.close()
+
+
 def _rounding_biases(rng, n: int) -> np.ndarray:
     """n float32 values on and around binary16 rounding boundaries (ties to even either way, the top
     of the range and past it, subnormal halves and below them, signed values), then normals."""

@@ -114,6 +114,8 @@
 #define EPI_MASK            0x30
 #define EPI_GELU            0x10    /* y = gelu(y) over the claimed tiles                            */
 #define EPI_RESID           0x20    /* x[o] = x[o] + y[o] over the claimed tiles                     */
+#define EPI_ARGMAX          0x30    /* MATVEC: the first maximum of y[0 .. a1) into the thread's slot
+                                       of a0 (greedy sampling on outputs still in cache; see below)  */
 #define FL_ROWS             0x40    /* items = J_N * PL_NTOK (ROWLN, ROWATTN)                         */
 #define FL_KV               0x80    /* MATMUL of c_attn: tiles [H, 3H) into the k / v caches          */
 #define FL_KV16             0x4000  /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
@@ -127,7 +129,7 @@
         .protected gpt2asm_matvec_f32_avx512, gpt2asm_matvec_f16_avx512, gpt2asm_layernorm_f32_avx512
         .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512, gpt2asm_matvec_q8_avx512
         .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512, gpt2asm_matmul_q8_avx512
-        .protected gpt2asm_attention_f16_avx2
+        .protected gpt2asm_attention_f16_avx2, gpt2asm_argmax_f32_avx2, gpt2asm_argmax_f32_avx512
 #endif
 
         .macro  xcall name
@@ -611,9 +613,21 @@ plan_jobs_\isa:
         je      .Lrowattn_\isa
         jmp     .Lbarrier_\isa                  /* (Python builds no other kind) */
 
-        /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them */
+        /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them.  ARGMAX: each thread
+         * keeps, in its 16-byte slot at a0 + 16 tid, { u64 index of its first maximum so far (SIZE_MAX:
+         * none yet), f32 its value, u32 1 if a NaN or an infinity was seen }, over the outputs < a1 of
+         * its claims (which ascend: a later claim only wins with a strictly larger value). */
 .Lmatvec_\isa:
         job_prologue \isa, mv
+        movl    J_FLAGS(%r14), %eax
+        andl    $EPI_MASK, %eax
+        cmpl    $EPI_ARGMAX, %eax
+        jne     .Lmv_claim_\isa
+        movq    %r15, %rax
+        shlq    $4, %rax
+        addq    J_A0(%r14), %rax                /* this thread's slot */
+        movq    $-1, 0(%rax)
+        movq    $0, 8(%rax)
 .Lmv_claim_\isa:
         claim   .Lbarrier_\isa
         movq    J_W(%r14), %rdi
@@ -644,10 +658,39 @@ plan_jobs_\isa:
         movq    %rcx, %rdx
         xcall   gpt2asm_gelu_f32_\isa           /* y = gelu(y), in place */
         jmp     .Lmv_claim_\isa
-3:      movq    J_A0(%r14), %rdi
+3:      cmpl    $EPI_RESID, %eax
+        jne     4f
+        movq    J_A0(%r14), %rdi
         addq    %rsi, %rdi                      /* x + 64 t0 */
         movq    %rdi, %rsi
         call    vadd_\isa                       /* x = x + y */
+        jmp     .Lmv_claim_\isa
+4:      shrq    $2, %rsi                        /* ARGMAX: o0 = 64 t0 */
+        movq    %rsi, F_H(%rsp)
+        movq    J_A1(%r14), %rax
+        subq    %rsi, %rax                      /* outputs from o0 that count */
+        jbe     .Lmv_claim_\isa
+        cmpq    %rax, %rcx
+        cmova   %rax, %rcx
+        movq    %rdx, %rdi
+        movq    %rcx, %rsi
+        xcall   gpt2asm_argmax_f32_\isa         /* first maximum of y[o0 .. o0 + n), or SIZE_MAX */
+        movq    %r15, %rcx
+        shlq    $4, %rcx
+        addq    J_A0(%r14), %rcx                /* the slot */
+        cmpq    $-1, %rax
+        je      5f
+        addq    F_H(%rsp), %rax                 /* the output index */
+        movq    J_Y(%r14), %rdx
+        vmovss  (%rdx,%rax,4), %xmm0
+        cmpq    $-1, 0(%rcx)
+        je      6f                              /* the thread's first candidate */
+        vucomiss 8(%rcx), %xmm0
+        jbe     .Lmv_claim_\isa                 /* not larger: the earlier one stays */
+6:      movq    %rax, 0(%rcx)
+        vmovss  %xmm0, 8(%rcx)
+        jmp     .Lmv_claim_\isa
+5:      movl    $1, 12(%rcx)                    /* a NaN or an infinity */
         jmp     .Lmv_claim_\isa
 
         /* ---- QKV: for the claimed heads [h0, h1): the q tiles (one call), the k tiles and the v tiles
