@@ -679,8 +679,8 @@ class Plan:
     def first_max(self) -> int | None:
         """After a run that included the argmax job: the index of the first maximum of its outputs
         (numpy.argmax), or None if any of them is NaN or ±inf -- what Kernels.argmax gives on them.
-        (Read through ctypes views of the slots made at build(): this runs on cold caches after every
-        step, where each numpy call costs microseconds.)"""
+        (Read through ctypes views of the slots, made with the plan: this runs after every step, on
+        caches the weights have flushed, where each numpy call costs microseconds.)"""
         if self.argmax_job is None:
             raise InvalidArgumentError("the plan has no argmax job")
         best = bv = None

@@ -4,7 +4,8 @@ Contract 1: a plan gives the same logits bits as the per-call reference path, fo
 (-j 1..4, including more threads than cores) and dtype (f32, f16, q8: int8 weights with per-output
 scales, natively and on the emulated AVX-512 CPU); the full-prefix forward equals cached steps.
 The pool: workers park when idle (no busy spinning), close() joins them, start/stop cycles leak nothing,
-a model closed while idle stays usable, concurrent callers are serialised.  Contract 2: plans refuse
+a model closed while idle stays usable, concurrent callers are serialised.  The LM head's ARGMAX
+epilogue gives numpy's first maximum for every thread count and claim size.  Contract 2: plans refuse
 arrays that do not fit before any address reaches assembly.
 """
 from __future__ import annotations
