@@ -982,6 +982,25 @@ def test_attention_model(variant, n_pos, heads):
     assert np.all(np.abs(got - ref) <= attn_bound(q, k, v, n_pos, hb, he))
 
 
+@pytest.mark.parametrize("n_pos", [255, 256, 257])
+@pytest.mark.parametrize("heads", [(0, 9), (2, 7)])
+def test_attention_head_groups(variant, n_pos, heads):
+    """Around the AVX2 kernel's switch from groups of 4 interleaved heads to single heads (float32 rows
+    of 64 KiB = 256 positions), with head counts that leave a partial group (9 = 4 + 4 + 1, 5 = 4 + 1)."""
+    hb, he = heads
+    rng = np.random.default_rng(n_pos + 17 * hb)
+    q, k, v = attn_case(rng, 10, n_pos + 3, n_pos)
+    got = attn(variant, q, k, v, n_pos, hb, he)
+    assert_model(got, attention_c(q, k, v, n_pos, hb, he), f"attention n_pos={n_pos} heads={heads}")
+
+
+@pytest.mark.parametrize("n_pos", [511, 512, 513])
+@pytest.mark.parametrize("heads", [(0, 9), (2, 7)])
+def test_attention_f16_head_groups(n_pos, heads):
+    """The same switch for binary16 rows (64 KiB = 512 positions)."""
+    check_attention_f16_widened(runner("avx2"), n_pos, heads)
+
+
 def test_attention_sharp_and_flat(variant):
     """Sharp scores (one key dominates: the output is exactly its value row), flat scores (q = 0: the
     output is the mean of the values) and large scores."""
