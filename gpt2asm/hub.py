@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import random
 import shutil
 import struct
