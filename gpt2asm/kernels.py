@@ -418,10 +418,7 @@ class Plan:
         self.buf: np.ndarray | None = None
         self.addr = self.n_jobs = 0
         self.argmax_job: int | None = None
-        self.slots = _aligned_zeros(16 * kernels.threads)   # ARGMAX: per thread {u64 index, f32, u32 bad}
-        self._slot_views = [(ctypes.c_uint64.from_buffer(self.slots, 16 * t),
-                             ctypes.c_float.from_buffer(self.slots, 16 * t + 8),
-                             ctypes.c_uint32.from_buffer(self.slots, 16 * t + 12)) for t in range(kernels.threads)]
+        self._slot_views: list[tuple] = []                   # ARGMAX: per thread {u64 index, f32, u32 bad}
 
     # -- building -----------------------------------------------------------------------------------
 
@@ -508,7 +505,11 @@ class Plan:
             if self.argmax_job is not None:
                 raise InvalidArgumentError("one argmax job per plan")
             flags |= EPI_ARGMAX
-            f.update(a0=self._ptr(self.slots), a1=int(argmax))
+            slots = _aligned_zeros(16 * self.k.threads)
+            self._slot_views = [(ctypes.c_uint64.from_buffer(slots, 16 * t),
+                                 ctypes.c_float.from_buffer(slots, 16 * t + 8),
+                                 ctypes.c_uint32.from_buffer(slots, 16 * t + 12)) for t in range(self.k.threads)]
+            f.update(a0=self._ptr(slots), a1=int(argmax))
             chunk = ARGMAX_CHUNK if chunk is None else chunk
         f.update(wf, b=0 if b is None else self._ptr(b), y=self._ptr(y))
         job = self._add(KIND_MATVEC, flags | wflag, n_tiles, chunk, f)

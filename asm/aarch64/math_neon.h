@@ -306,6 +306,30 @@ endconst
         .endm
 
 /*
+ * half_f16 s0, s1, s2, s3, a0, a1, a2, a3, a4, a5, a6, a7, x, lane
+ *   32 halves in v\s0-v\s3 widened exactly (fcvtl into v\sk: its elements 0-3, fcvtl2 into v8+k:
+ *   4-7), then acc v\a0-v\a7 (outputs in order) = fma(widened, v\x.s[lane], acc).  Uses v8-v11.
+ */
+        .macro  half_f16 s0, s1, s2, s3, a0, a1, a2, a3, a4, a5, a6, a7, x, lane
+        fcvtl2  v8.4s, v\s0\().8h
+        fcvtl   v\s0\().4s, v\s0\().4h
+        fcvtl2  v9.4s, v\s1\().8h
+        fcvtl   v\s1\().4s, v\s1\().4h
+        fcvtl2  v10.4s, v\s2\().8h
+        fcvtl   v\s2\().4s, v\s2\().4h
+        fcvtl2  v11.4s, v\s3\().8h
+        fcvtl   v\s3\().4s, v\s3\().4h
+        fmla    v\a0\().4s, v\s0\().4s, v\x\().s[\lane]
+        fmla    v\a1\().4s, v8.4s, v\x\().s[\lane]
+        fmla    v\a2\().4s, v\s1\().4s, v\x\().s[\lane]
+        fmla    v\a3\().4s, v9.4s, v\x\().s[\lane]
+        fmla    v\a4\().4s, v\s2\().4s, v\x\().s[\lane]
+        fmla    v\a5\().4s, v10.4s, v\x\().s[\lane]
+        fmla    v\a6\().4s, v\s3\().4s, v\x\().s[\lane]
+        fmla    v\a7\().4s, v11.4s, v\x\().s[\lane]
+        .endm
+
+/*
  * row_f16 p, x, lane
  *   One fp16 row of 64 halves at [x\p] (advanced by 128), widened exactly (fcvtl / fcvtl2), then the
  *   FMAs of row_f32: acc v16-v31 = fma((float)w[4k .. 4k+3], v\x.s[lane], acc).  Through v4-v15.
@@ -313,38 +337,8 @@ endconst
         .macro  row_f16 p, x, lane
         ld1     {v4.8h - v7.8h}, [x\p], #64             // outputs 0-31
         ld1     {v12.8h - v15.8h}, [x\p], #64           // outputs 32-63
-        fcvtl2  v8.4s, v4.8h                            // 4-7
-        fcvtl   v4.4s, v4.4h                            // 0-3
-        fcvtl2  v9.4s, v5.8h                            // 12-15
-        fcvtl   v5.4s, v5.4h                            // 8-11
-        fcvtl2  v10.4s, v6.8h
-        fcvtl   v6.4s, v6.4h
-        fcvtl2  v11.4s, v7.8h
-        fcvtl   v7.4s, v7.4h
-        fmla    v16.4s, v4.4s, v\x\().s[\lane]
-        fmla    v17.4s, v8.4s, v\x\().s[\lane]
-        fmla    v18.4s, v5.4s, v\x\().s[\lane]
-        fmla    v19.4s, v9.4s, v\x\().s[\lane]
-        fmla    v20.4s, v6.4s, v\x\().s[\lane]
-        fmla    v21.4s, v10.4s, v\x\().s[\lane]
-        fmla    v22.4s, v7.4s, v\x\().s[\lane]
-        fmla    v23.4s, v11.4s, v\x\().s[\lane]
-        fcvtl2  v8.4s, v12.8h                           // 36-39
-        fcvtl   v12.4s, v12.4h                          // 32-35
-        fcvtl2  v9.4s, v13.8h
-        fcvtl   v13.4s, v13.4h
-        fcvtl2  v10.4s, v14.8h
-        fcvtl   v14.4s, v14.4h
-        fcvtl2  v11.4s, v15.8h
-        fcvtl   v15.4s, v15.4h
-        fmla    v24.4s, v12.4s, v\x\().s[\lane]
-        fmla    v25.4s, v8.4s, v\x\().s[\lane]
-        fmla    v26.4s, v13.4s, v\x\().s[\lane]
-        fmla    v27.4s, v9.4s, v\x\().s[\lane]
-        fmla    v28.4s, v14.4s, v\x\().s[\lane]
-        fmla    v29.4s, v10.4s, v\x\().s[\lane]
-        fmla    v30.4s, v15.4s, v\x\().s[\lane]
-        fmla    v31.4s, v11.4s, v\x\().s[\lane]
+        half_f16 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, \x, \lane
+        half_f16 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, \x, \lane
         .endm
 
 /*

@@ -131,19 +131,31 @@
 #define A_END       (A_LOC + 72)
 
 /*
+ * ld64 p, off, r, rs...  /  st64 p, off, r, rs...
+ *   ymm\r, ymm\rs... = the floats at \off(\p), \off+32(\p), ...  /  the reverse (one register may
+ *   repeat: st64 with 0,0,0,0,0,0,0,0 zeroes 64 floats from a zeroed ymm0).
+ */
+        .macro  ld64 p, off, r, rs:vararg
+        vmovups     \off(\p), %ymm\r
+        .ifnb \rs
+        ld64        \p, \off+32, \rs
+        .endif
+        .endm
+
+        .macro  st64 p, off, r, rs:vararg
+        vmovups     %ymm\r, \off(\p)
+        .ifnb \rs
+        st64        \p, \off+32, \rs
+        .endif
+        .endm
+
+/*
  * pvgroup es, n
  *   o = fma(p_t, v_t, o) for the n = 4 or 1 positions of a group, for one head: the outputs at (%rcx)
  *   into ymm0-7 and back, p_t from (%rbx), the rows from (%rax).  Clobbers ymm0-15.
  */
         .macro  pvgroup es, n
-        vmovups       0(%rcx), %ymm0
-        vmovups      32(%rcx), %ymm1
-        vmovups      64(%rcx), %ymm2
-        vmovups      96(%rcx), %ymm3
-        vmovups     128(%rcx), %ymm4
-        vmovups     160(%rcx), %ymm5
-        vmovups     192(%rcx), %ymm6
-        vmovups     224(%rcx), %ymm7
+        ld64        %rcx, 0, 0, 1, 2, 3, 4, 5, 6, 7
         vbroadcastss  0(%rbx), %ymm8                // p_t
         .if \n == 4
         vbroadcastss  4(%rbx), %ymm9                // p_t+1
@@ -156,29 +168,67 @@
         .else
         pvrow       \es, %ymm8, 0
         .endif
-        vmovups     %ymm0,   0(%rcx)
-        vmovups     %ymm1,  32(%rcx)
-        vmovups     %ymm2,  64(%rcx)
-        vmovups     %ymm3,  96(%rcx)
-        vmovups     %ymm4, 128(%rcx)
-        vmovups     %ymm5, 160(%rcx)
-        vmovups     %ymm6, 192(%rcx)
-        vmovups     %ymm7, 224(%rcx)
+        st64        %rcx, 0, 0, 1, 2, 3, 4, 5, 6, 7
         .endm
 
 /*
- * loadq
- *   ymm8-15 = q_h (64 floats at (%rbp)).
+ * score_heads es, tail
+ *   For each head of the group (r13 of them): q_h into ymm8-15 and the scores of the 4 rows from
+ *   position t = rax into its scratch row.  tail = 0: rows t .. t+3; tail = 1: rows t, t+L_O1, t+L_O2,
+ *   t+L_O2 (byte offsets: the last 1..3 rows, the missing ones repeating the last).
  */
-        .macro  loadq
-        vmovups       0(%rbp), %ymm8
-        vmovups      32(%rbp), %ymm9
-        vmovups      64(%rbp), %ymm10
-        vmovups      96(%rbp), %ymm11
-        vmovups     128(%rbp), %ymm12
-        vmovups     160(%rbp), %ymm13
-        vmovups     192(%rbp), %ymm14
-        vmovups     224(%rbp), %ymm15
+        .macro  score_heads es, tail
+        movq        %rax, %r15
+        shlq        $(6 + \es/2), %r15
+        addq        %rsi, %r15                      // k_h0[t]
+        movq        %rdi, %rbp                      // q_h0
+        leaq        (%r8,%rax,4), %rbx              // scratch row 0, column t
+        .if \tail
+        movq        %r13, L_CNT(%rsp)               // (r10 and rcx hold rows 1, 2)
+        .else
+        movq        %r13, %r10
+        .endif
+.Lsc\@:
+        ld64        %rbp, 0, 8, 9, 10, 11, 12, 13, 14, 15
+        .if \tail
+        movq        L_O1(%rsp), %r10
+        addq        %r15, %r10
+        movq        L_O2(%rsp), %rcx
+        addq        %r15, %rcx
+        dot4_avx2   \es, %r15, 0, %r10, 0, %rcx, 0, %rcx, 0
+        .else
+        dot4_avx2   \es, %r15, 0, %r15, 64*\es, %r15, 128*\es, %r15, 192*\es
+        .endif
+        vmovups     %xmm0, (%rbx)
+        addq        %r12, %r15
+        addq        $256, %rbp
+        addq        %r14, %rbx
+        .if \tail
+        decq        L_CNT(%rsp)
+        .else
+        decq        %r10
+        .endif
+        jnz         .Lsc\@
+        .endm
+
+/*
+ * pv_heads es, n
+ *   For each head of the group: pvgroup of the n positions from t = r15.
+ */
+        .macro  pv_heads es, n
+        movq        %r15, %rax
+        shlq        $(6 + \es/2), %rax
+        addq        %rdx, %rax                      // v_h0[t]
+        movq        L_OUT(%rsp), %rcx
+        leaq        (%r8,%r15,4), %rbx              // p of head 0 at t
+        movq        %r13, %r10
+.Lpv\@:
+        pvgroup     \es, \n
+        addq        %r12, %rax
+        addq        $256, %rcx
+        addq        %r14, %rbx
+        decq        %r10
+        jnz         .Lpv\@
         .endm
 
         /* registers: rdi q_h0, rsi k_h0, rdx v_h0 (the first head's), r8 scratch, r9 n_pos,
@@ -234,21 +284,7 @@ function \name
         cmpq        $0, L_N4(%rsp)
         je          3f
 2:
-        movq        %rax, %r15
-        shlq        $(6 + \es/2), %r15
-        addq        %rsi, %r15                      // k_h0[t]
-        movq        %rdi, %rbp                      // q_h0
-        leaq        (%r8,%rax,4), %rbx              // scratch row 0, column t
-        movq        %r13, %r10
-20:
-        loadq
-        dot4_avx2   \es, %r15, 0, %r15, 64*\es, %r15, 128*\es, %r15, 192*\es
-        vmovups     %xmm0, (%rbx)
-        addq        %r12, %r15
-        addq        $256, %rbp
-        addq        %r14, %rbx
-        decq        %r10
-        jnz         20b
+        score_heads \es, 0
         addq        $4, %rax
         cmpq        L_N4(%rsp), %rax
         jb          2b
@@ -266,25 +302,7 @@ function \name
         cmovbq      %r10, %rcx                      // row 2: t+2 if it exists, else row 1
         movq        %r10, L_O1(%rsp)
         movq        %rcx, L_O2(%rsp)
-        movq        %rax, %r15
-        shlq        $(6 + \es/2), %r15
-        addq        %rsi, %r15
-        movq        %rdi, %rbp
-        leaq        (%r8,%rax,4), %rbx
-        movq        %r13, L_CNT(%rsp)
-21:
-        loadq
-        movq        L_O1(%rsp), %r10
-        addq        %r15, %r10
-        movq        L_O2(%rsp), %rcx
-        addq        %r15, %rcx
-        dot4_avx2   \es, %r15, 0, %r10, 0, %rcx, 0, %rcx, 0
-        vmovups     %xmm0, (%rbx)
-        addq        %r12, %r15
-        addq        $256, %rbp
-        addq        %r14, %rbx
-        decq        L_CNT(%rsp)
-        jnz         21b
+        score_heads \es, 1
 4:
         /* p = softmax(s), each head's row in place */
         movq        %r8, %rbx
@@ -300,14 +318,7 @@ function \name
         movq        L_OUT(%rsp), %rcx
         movq        %r13, %r10
 5:
-        vmovups     %ymm0,   0(%rcx)
-        vmovups     %ymm0,  32(%rcx)
-        vmovups     %ymm0,  64(%rcx)
-        vmovups     %ymm0,  96(%rcx)
-        vmovups     %ymm0, 128(%rcx)
-        vmovups     %ymm0, 160(%rcx)
-        vmovups     %ymm0, 192(%rcx)
-        vmovups     %ymm0, 224(%rcx)
+        st64        %rcx, 0, 0, 0, 0, 0, 0, 0, 0, 0
         addq        $256, %rcx
         decq        %r10
         jnz         5b
@@ -315,38 +326,14 @@ function \name
         cmpq        $0, L_N4(%rsp)
         je          7f
 6:
-        movq        %r15, %rax
-        shlq        $(6 + \es/2), %rax
-        addq        %rdx, %rax                      // v_h0[t]
-        movq        L_OUT(%rsp), %rcx
-        leaq        (%r8,%r15,4), %rbx              // p of head 0 at t
-        movq        %r13, %r10
-60:
-        pvgroup     \es, 4
-        addq        %r12, %rax
-        addq        $256, %rcx
-        addq        %r14, %rbx
-        decq        %r10
-        jnz         60b
+        pv_heads    \es, 4
         addq        $4, %r15
         cmpq        L_N4(%rsp), %r15
         jb          6b
 7:
         cmpq        %r9, %r15                       // the last 1..3 positions one by one
         je          8f
-        movq        %r15, %rax
-        shlq        $(6 + \es/2), %rax
-        addq        %rdx, %rax
-        movq        L_OUT(%rsp), %rcx
-        leaq        (%r8,%r15,4), %rbx
-        movq        %r13, %r10
-70:
-        pvgroup     \es, 1
-        addq        %r12, %rax
-        addq        $256, %rcx
-        addq        %r14, %rbx
-        decq        %r10
-        jnz         70b
+        pv_heads    \es, 1
         incq        %r15
         jmp         7b
 8:
