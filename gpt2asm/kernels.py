@@ -301,6 +301,9 @@ CTX_SPIN, CTX_YIELD, CTX_PARKS = 40, 48, 128                             # u64 f
 SPIN_TICKS = 1_000_000        # TSC ticks a waiting thread spins before it parks (~0.4 ms: longer than the
                               # Python gap between two decode steps, so workers stay awake while decoding)
 SPIN_TICKS_OVERSUBSCRIBED = 200_000   # ... with more threads than CPUs (~0.1 ms)
+# AArch64 (plan_aarch64.S): the same waits in nanoseconds (converted with CNTFRQ_EL0, whose rate varies
+# from 24 MHz to 1 GHz between implementations)
+SPIN_NS, SPIN_NS_OVERSUBSCRIBED = 400_000, 100_000
 
 
 def _cpus() -> int:
@@ -311,12 +314,14 @@ def _cpus() -> int:
 
 
 def _spin_ticks(threads: int) -> tuple[int, int]:
-    """(spin, yield) TSC ticks of a waiting thread: spin with pause, from `yield` on calling sched_yield
+    """(spin, yield) TSC ticks (AArch64: nanoseconds) of a waiting thread: spin with pause, from `yield` on calling sched_yield
     between rounds, then park.  Yielding from the start costs nothing on an idle machine (measured: the
     same 0.2 us per job barrier at -j 2) and is what keeps -j 2 near -j 1 speed when another process
     competes for the cores (measured with one busy process on 2 cores: 11.8 ms/token fp16 against 18.2
     without yielding, -j 1 10.2); with more threads than CPUs the thread waited for may need this very
     CPU, so the waiter parks sooner."""
+    if ARCH == "aarch64":                      # nanoseconds there
+        return (SPIN_NS if threads <= _cpus() else SPIN_NS_OVERSUBSCRIBED), 0
     if threads <= _cpus():
         return SPIN_TICKS, 0
     return SPIN_TICKS_OVERSUBSCRIBED, 0

@@ -1,4 +1,5 @@
-"""The plan executor and the library's thread pool (gpt2asm_plan_run_*, gpt2asm_worker_*, docs/kernels.md).
+"""The plan executor and the library's thread pool (gpt2asm_plan_run_*, gpt2asm_worker_*, docs/kernels.md):
+asm/x86_64/plan_x86.S natively, asm/aarch64/plan_aarch64.S under qemu (`make test-arm64`, both Arm families).
 
 Contract 1: a plan gives the same logits bits as the per-call reference path, for every thread count
 (-j 1..4, including more threads than cores) and dtype (f32, f16, q8: int8 weights with per-output
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from gpt2asm import GPT2, InvalidArgumentError
-from gpt2asm.kernels import Kernels
+from gpt2asm.kernels import ARCH, FAMILIES, Kernels
 from gpt2asm.model import Transformer
 from gpt2asm.quant import quantize_q8, quantize_q8_head
 from gpt2asm.tokenizer import Tokenizer
@@ -99,7 +100,7 @@ def worker_threads() -> int:
 def tiny(request, ckpt_tiny):
     w = load_weights(ckpt_tiny, request.param)
     ids = Tokenizer.from_dir(ckpt_tiny).encode(PROMPT)[:8]
-    k = Kernels("avx2")
+    k = Kernels(FAMILIES[ARCH][0])                       # the baseline family: avx2, neon
     ref = steps(Transformer(w, k), ids, reference=True)
     k.close()
     return w, ids, ref
@@ -535,7 +536,7 @@ def test_binary16_cache_rows_round_as_numpy(families):
 def tiny_q8(ckpt_tiny):
     w = q8_weights(load_weights(ckpt_tiny, "f32"))
     ids = Tokenizer.from_dir(ckpt_tiny).encode(PROMPT)[:6]
-    k = Kernels("avx2")
+    k = Kernels(FAMILIES[ARCH][0])                       # the baseline family: avx2, neon
     ref = steps(Transformer(w, k), ids, greedy=3, reference=True)      # the per-call path (matvec_q8)
     k.close()
     return w, ids, ref

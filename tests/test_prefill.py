@@ -167,8 +167,8 @@ def test_prefill_without_matmul_falls_back_to_steps(ckpt_tiny, families):
 
 
 def per_call_kernels(fam: str, threads: int) -> Kernels:
-    """Kernels of fam on the path of a family without a plan executor (Arm's): single kernel calls from
-    Python, the Python Pool for threads > 1.  An x86 family is forced onto it (has_plan False)."""
+    """Kernels of fam on the path of a family without a plan executor: single kernel calls from Python,
+    the Python Pool for threads > 1.  Every family (x86 and Arm) is forced onto it (has_plan False)."""
     k = Kernels(fam, threads)
     if k.has_plan:
         k.close()

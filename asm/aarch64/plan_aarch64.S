@@ -1,0 +1,991 @@
+/*
+ * asm/aarch64/plan_aarch64.S -- the -j thread pool and the plan executor for AArch64 (one forward step
+ * per call): the same records, jobs and protocol as asm/x86_64/plan_x86.S, documented in docs/kernels.md
+ * ("Thread pool and plans").
+ *
+ *     void gpt2asm_plan_run_{neon,sme2}(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
+ *     void gpt2asm_worker_{neon,sme2}(pool_t *ctx, size_t tid);        // returns at shutdown
+ *     void gpt2asm_pool_shutdown(pool_t *ctx);
+ *
+ * Every participant (the caller as thread 0, the workers 1 .. n-1 parked in gpt2asm_worker_*) walks the
+ * job list, claims work items (tiles of 64 outputs, heads, rows) from each job's counter and runs the
+ * NEON / SME2 kernels on them; each output is computed whole by one thread with the kernels' own
+ * operation sequence, so results do not depend on the thread count or on who claimed what.
+ *
+ * Families: plan_run_neon runs every job with NEON kernels.  plan_run_sme2 runs thread 0's matrix-vector
+ * products (f32, f16 weights) with the SME2 kernels and everything else with NEON's; its workers
+ * (gpt2asm_worker_sme2) run NEON only.  SME2 and NEON give the same bits (contract 1), so the split is
+ * free to choose: on Apple M4 a cluster of cores shares one SME unit, so one streaming-mode thread per
+ * process and NEON on the other cores use both the SME unit and the cores' own vector units.
+ *
+ * Atomics: load-exclusive / store-exclusive loops (base ARMv8.0, no LSE needed).  Where the x86 code
+ * relies on a locked instruction being a full fence (publishing a run, arriving at a barrier, counting a
+ * sleeper), the loop is acquire/release and followed by `dmb ish`; every wait ends with `dmb ish`, so the
+ * reads after it see the writes before the matching atomic.
+ *
+ * Waiting: spin with `isb` (a short delay that, unlike `yield`, really waits on current cores) for
+ * ctx.spin_ticks nanoseconds (on AArch64 ctx.spin / ctx.yield are nanoseconds, converted with
+ * CNTFRQ_EL0 to ticks of the virtual counter CNTVCT_EL0), calling sched_yield between rounds after
+ * ctx.yield, then park: Linux futex, macOS __ulock_wait / __ulock_wake (link-checked, not run here).
+ * A thread that parks first counts itself in a sleeper word next to the one it waits on; the thread that
+ * changes the word wakes only if that count is nonzero.  Both sides are fenced, so no wake-up is lost.
+ * With ctx.n_threads == 1 nothing here spins, parks, reads the counter or makes a system call.
+ *
+ * x18 is never touched.  The kernels are called directly (ELF: declared .protected, so the links bind
+ * inside the library without a PLT).
+ */
+#include "asm.S"
+
+/* ---- pool context (pool_t, 256 bytes, 64-byte aligned, zeroed by Python) ----------------------- */
+#define CTX_SEQ             0       /* u32: plan generation; workers wait for it to change          */
+#define CTX_SEQ_SLEEPERS    4       /* u32: workers parked on CTX_SEQ                               */
+#define CTX_SHUTDOWN        8       /* u32: 1 = workers return                                      */
+#define CTX_NTHREADS        12      /* u32: participants, the caller included (1 = no workers)      */
+#define CTX_PLAN            16      /* u64: plan of the current run                                 */
+#define CTX_FIRST           24      /* u64: address of its first job record                         */
+#define CTX_END             32      /* u64: address past its last job record                        */
+#define CTX_SPIN            40      /* u64: nanoseconds to spin before parking                      */
+#define CTX_YIELD           48      /* u64: nanoseconds after which a spinning thread yields        */
+#define CTX_DONE            64      /* u32: arrivals at the last job of the run (own cache line)    */
+#define CTX_DONE_SLEEPERS   68      /* u32                                                           */
+#define CTX_PARKS           128     /* u64: futex waits so far (statistics; own cache line)         */
+
+/* ---- plan header (plan_t, 128 bytes): see plan_x86.S and docs/kernels.md ------------------------- */
+#define PL_TOKEN            0
+#define PL_POS              8
+#define PL_PRIV             24
+#define PL_PRIV_STRIDE      32
+#define PL_C                40
+#define PL_WTE              48
+#define PL_WPE              56
+#define PL_X                64
+#define PL_H_OFF            72
+#define PL_E_OFF            80
+#define PL_S_OFF            88
+#define PL_NTOK             96
+#define PL_KV_OFF           104
+#define PL_HEADER           128
+
+/* ---- job record (256 bytes) ------------------------------------------------------------------------ */
+#define J_KIND              0
+#define J_FLAGS             4
+#define J_N                 8
+#define J_CHUNK             16
+#define J_W                 24
+#define J_B                 32
+#define J_Y                 40
+#define J_NIN               48
+#define J_X                 56
+#define J_G                 64
+#define J_BETA              72
+#define J_A0                80
+#define J_A1                88
+#define J_A2                96
+#define J_A3                104
+#define J_A4                112
+#define J_TILEB             120
+#define J_SCALE             128
+#define J_LDX               136
+#define J_LDY               144
+#define J_LDR               152
+#define J_CLAIM             192
+#define J_ARRIVE            200
+#define J_SLEEPERS          204
+#define J_SIZE              256
+
+#define KIND_MATVEC         0
+#define KIND_QKV            1
+#define KIND_ATTN           2
+#define KIND_MATMUL         3
+#define KIND_ROWLN          4
+#define KIND_ROWATTN        5
+
+#define PRO_MASK            3
+#define B_PRO_EMBED         1       /* bit of PRO_EMBED (2)                                          */
+#define B_F16               2       /* bit of FL_F16 (4); FL_F16 | FL_Q8 = 0xc                       */
+#define EPI_MASK            0x30
+#define EPI_GELU            0x10
+#define EPI_RESID           0x20
+#define EPI_ARGMAX          0x30
+#define B_EPI_GELU          4
+#define B_ROWS              6       /* bit of FL_ROWS (0x40)                                         */
+#define B_KV                7       /* bit of FL_KV (0x80)                                           */
+#define B_KV16              14      /* bit of FL_KV16 (0x4000)                                       */
+
+#ifdef GPT2ASM_ELF
+        .protected gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon
+        .protected gpt2asm_matvec_f32_sme2, gpt2asm_matvec_f16_sme2, gpt2asm_layernorm_f32_neon
+        .protected gpt2asm_gelu_f32_neon, gpt2asm_attention_f32_neon, gpt2asm_attention_f16_neon
+        .protected gpt2asm_matmul_f32_neon, gpt2asm_matmul_f16_neon, gpt2asm_matmul_q8_neon
+        .protected gpt2asm_argmax_f32_neon
+#endif
+
+/* ================================================================================================ */
+/* atomics                                                                                          */
+
+        /* *addr += 1 (u32) as a full fence; \new = the new value.  Clobbers \new, \st. */
+        .macro  inc32_fence addr, new, st
+.Linc\@:
+        ldaxr   \new, [\addr]
+        add     \new, \new, #1
+        stlxr   \st, \new, [\addr]
+        cbnz    \st, .Linc\@
+        dmb     ish
+        .endm
+
+        /* *addr = *addr \op 1 (\op add or sub; u32 with a w register, u64 with an x one), relaxed */
+        .macro  step_relaxed op, addr, val, st
+.Lstep\@:
+        ldxr    \val, [\addr]
+        \op     \val, \val, #1
+        stxr    \st, \val, [\addr]
+        cbnz    \st, .Lstep\@
+        .endm
+
+/* ================================================================================================ */
+/* parking: the only OS-specific code (system calls keep every register but x0; macOS: x0, x1)     */
+
+/* pool_park(u32 *addr = x0, u32 expected = w1): sleep while *addr == expected (may return spuriously). */
+function pool_park
+#ifdef GPT2ASM_MACHO
+        mov     w2, w1                          // __ulock_wait(UL_COMPARE_AND_WAIT, addr, value, 0)
+        mov     x1, x0
+        mov     w0, #1
+        mov     x3, #0
+        mov     x16, #515
+        svc     #0x80
+#else
+        mov     w2, w1                          // futex(addr, FUTEX_WAIT_PRIVATE, expected, NULL)
+        mov     w1, #128
+        mov     x3, #0
+        mov     x8, #98
+        svc     #0
+#endif
+        ret
+endfunc
+
+/* pool_wake(u32 *addr = x0): wake every thread parked on addr. */
+function pool_wake
+#ifdef GPT2ASM_MACHO
+        mov     x1, x0                          // __ulock_wake(UL_COMPARE_AND_WAIT | ULF_WAKE_ALL, addr, 0)
+        mov     w0, #0x101
+        mov     x2, #0
+        mov     x16, #516
+        svc     #0x80
+#else
+        mov     w1, #129                        // futex(addr, FUTEX_WAKE_PRIVATE, INT_MAX)
+        mov     w2, #0x7fffffff
+        mov     x8, #98
+        svc     #0
+#endif
+        ret
+endfunc
+
+/* pool_yield(): sched_yield() (macOS: a no-op). */
+function pool_yield
+#ifndef GPT2ASM_MACHO
+        mov     x8, #124
+        svc     #0
+#endif
+        ret
+endfunc
+
+/*
+ * pool_wait_eq / pool_wait_ne (u32 *addr = x0, u32 value = w1, u32 *sleepers = x2, u64 spin_ns = x3,
+ * u64 *parks = x4 = &ctx.parks): return once *addr == value (eq) / *addr != value (ne), then `dmb ish`.
+ * Spin with isb for spin_ns (yielding between rounds of 64 after ctx.yield ns), then park on addr
+ * (counted in *sleepers while parked, and in *parks).  Preserves x19-x28.
+ */
+        .macro  pool_wait_fn name, done
+function \name
+        ldr     w9, [x0]
+        cmp     w9, w1
+        b.\done 9f                              // already there
+        stp     x29, x30, [sp, #-64]!
+        mov     x29, sp
+        stp     x19, x20, [sp, #16]
+        stp     x21, x22, [sp, #32]
+        stp     x23, x24, [sp, #48]
+        mov     x19, x0                         // addr
+        mov     w20, w1                         // value
+        mov     x21, x2                         // sleepers
+        mov     x22, x4                         // parks
+        mrs     x9, cntfrq_el0                  // ticks per second
+        mov     x10, #0xca00
+        movk    x10, #0x3b9a, lsl #16           // 1e9
+        mul     x11, x3, x9
+        udiv    x11, x11, x10                   // spin ticks
+        ldr     x12, [x4, #CTX_YIELD - CTX_PARKS]
+        mul     x12, x12, x9
+        udiv    x12, x12, x10                   // yield ticks
+        isb
+        mrs     x13, cntvct_el0
+        add     x23, x13, x11                   // deadline: park
+        add     x24, x13, x12                   // from then on: yield between rounds
+1:      mov     w9, #64
+2:      isb
+        ldr     w10, [x19]
+        cmp     w10, w20
+        b.\done 8f
+        subs    w9, w9, #1
+        b.ne    2b
+        mrs     x13, cntvct_el0
+        cmp     x13, x23
+        b.hs    3f
+        cmp     x13, x24
+        b.lo    1b
+        bl      pool_yield                      // the thread we wait for may need this CPU
+        b       1b
+3:      inc32_fence x21, w10, w11               // parked from here on (a full fence)
+5:      ldr     w1, [x19]
+        cmp     w1, w20
+        b.\done 4f
+        step_relaxed add, x22, x10, w11
+        mov     x0, x19
+        bl      pool_park                       // sleeps while *addr == w1
+        b       5b
+4:      step_relaxed sub, x21, w10, w11
+8:      ldp     x23, x24, [sp, #48]
+        ldp     x21, x22, [sp, #32]
+        ldp     x19, x20, [sp, #16]
+        ldp     x29, x30, [sp], #64
+9:      dmb     ish
+        ret
+endfunc
+        .endm
+
+        pool_wait_fn pool_wait_eq, eq
+        pool_wait_fn pool_wait_ne, ne
+
+/*
+ * pool_arrive(u32 *count = x0, u32 wait = w1, u32 *sleepers = x2, u32 n = w3, pool_t *ctx = x4): count
+ * one arrival (a full fence: the thread's outputs are visible); the n-th wakes the parked ones; if
+ * `wait`, the others return once all n have arrived.
+ */
+function pool_arrive
+        inc32_fence x0, w9, w10
+        cmp     w9, w3
+        b.ne    1f
+        ldr     w10, [x2]
+        cbnz    w10, pool_wake                  // tail call: the last one wakes the parked
+        ret
+1:      cbz     w1, 2f
+        mov     w1, w3
+        ldr     x3, [x4, #CTX_SPIN]
+        add     x4, x4, #CTX_PARKS
+        b       pool_wait_eq                    // tail call
+2:      ret
+endfunc
+
+/*
+ * void gpt2asm_pool_shutdown(pool_t *ctx);
+ *   Tell the workers to return (call only while no plan runs): shutdown = 1, a new generation, wake.
+ */
+function gpt2asm_pool_shutdown, export=1
+        mov     w9, #1
+        str     w9, [x0, #CTX_SHUTDOWN]
+        inc32_fence x0, w9, w10                 // CTX_SEQ (offset 0); release orders the store above
+        ldr     w10, [x0, #CTX_SEQ_SLEEPERS]
+        cbnz    w10, pool_wake
+        ret
+endfunc
+
+/* ================================================================================================ */
+/* elementwise helpers (exact: one binary32 operation per element, any vector width gives the bits) */
+
+/* vadd_neon(dst = x0, a = x1, b = x2, n = x3): dst[i] = a[i] + b[i], n a multiple of 16 (dst may be a
+ * or b).  Clobbers x0-x3, v0-v7. */
+function vadd_neon
+        cbz     x3, 2f
+1:      ld1     {v0.4s, v1.4s, v2.4s, v3.4s}, [x1], #64
+        ld1     {v4.4s, v5.4s, v6.4s, v7.4s}, [x2], #64
+        fadd    v0.4s, v0.4s, v4.4s
+        fadd    v1.4s, v1.4s, v5.4s
+        fadd    v2.4s, v2.4s, v6.4s
+        fadd    v3.4s, v3.4s, v7.4s
+        st1     {v0.4s, v1.4s, v2.4s, v3.4s}, [x0], #64
+        subs    x3, x3, #16
+        b.hi    1b
+2:      ret
+endfunc
+
+/* kv16_store(dst = x0, src = x1, n = x2): dst[i] = binary16(src[i]), rounded to nearest even (FCVTN
+ * under the default FPCR: the rounding of numpy's astype(float16)), n a multiple of 8: the float32 k / v
+ * rows of a binary16 cache, written from their staging rows.  Clobbers x0-x2, v0-v1. */
+function kv16_store
+        cbz     x2, 2f
+1:      ld1     {v0.4s, v1.4s}, [x1], #32
+        fcvtn   v0.4h, v0.4s
+        fcvtn2  v0.8h, v1.4s
+        st1     {v0.8h}, [x0], #16
+        subs    x2, x2, #8
+        b.hi    1b
+2:      ret
+endfunc
+
+/* ================================================================================================ */
+/* the executor, once per family                                                                    */
+
+/* Frame of plan_jobs_<isa> (FRAME bytes; sp 16-byte aligned at every call):
+ *     [sp, #0 .. #31]    stack arguments 9-11 of the kernel being called
+ *     F_H                current head / tile / row / item       F_ROW    row of a MATMUL epilogue
+ *     F_KVDST            FL_KV16: the cache row(s) its staged k / v rows go to
+ *     x19-x28, x29/x30   saved
+ * Callee-saved registers: x19 ctx, x20 plan, x21 current job, x22 thread id, x23 private area, x24 the
+ * job's matvec input (x, or the private LayerNorm output), x25 end of the job range, x26 the job's item
+ * count, x27 / x28 the current claim [first, end). */
+#define F_H     32
+#define F_ROW   40
+#define F_KVDST 48
+#define FRAME   160
+
+        /* x24 = the job's matvec input, after its prologue (embedding add, LayerNorm) */
+        .macro  job_prologue sfx
+        ldr     x24, [x21, #J_X]
+        ldr     w9, [x21, #J_FLAGS]
+        ands    w9, w9, #PRO_MASK
+        b.eq    .Lpro_done_\sfx\@
+        tbz     w9, #B_PRO_EMBED, .Lpro_ln_\sfx\@
+        ldr     x0, [x20, #PL_X]                // thread 0 writes the residual stream ...
+        cbz     x22, .Lpro_e_\sfx\@
+        ldr     x9, [x20, #PL_E_OFF]
+        add     x0, x23, x9                     // ... the others a private copy of it
+.Lpro_e_\sfx\@:
+        mov     x24, x0
+        ldr     x3, [x20, #PL_C]
+        ldr     x9, [x20, #PL_TOKEN]
+        mul     x9, x9, x3
+        ldr     x1, [x20, #PL_WTE]
+        add     x1, x1, x9, lsl #2              // wte[token]
+        ldr     x9, [x20, #PL_POS]
+        mul     x9, x9, x3
+        ldr     x2, [x20, #PL_WPE]
+        add     x2, x2, x9, lsl #2              // wpe[pos]
+        bl      vadd_neon                       // x = wte[token] + wpe[pos]
+.Lpro_ln_\sfx\@:
+        mov     x0, x24
+        ldr     x1, [x21, #J_G]
+        ldr     x2, [x21, #J_BETA]
+        ldr     x9, [x20, #PL_H_OFF]
+        add     x3, x23, x9
+        mov     x24, x3                         // the matvec reads the private h
+        ldr     x4, [x21, #J_NIN]
+        bl      SYM(gpt2asm_layernorm_f32_neon)
+.Lpro_done_\sfx\@:
+        .endm
+
+        /* claim the next items: x27, x28 = [first, end); branch to \none if none is left.
+         * Fixed claims (flags bits 8-13 zero): J_CHUNK items per atomic add.  Guided claims (bits 8-13 =
+         * s): max(J_CHUNK, remaining >> s) items, large contiguous claims first, J_CHUNK-sized ones at
+         * the end, so the threads finish together.  No other memory access inside an exclusive pair. */
+        .macro  claim none
+        ldr     w9, [x21, #J_FLAGS]
+        ubfx    w9, w9, #8, #6                  // s
+        ldr     x10, [x21, #J_CHUNK]
+        add     x11, x21, #J_CLAIM
+        cbnz    w9, .Lguided\@
+.Lfixed\@:
+        ldxr    x12, [x11]
+        add     x13, x12, x10
+        stxr    w14, x13, [x11]
+        cbnz    w14, .Lfixed\@
+        cmp     x12, x26
+        b.hs    \none
+        mov     x27, x12
+        cmp     x13, x26
+        csel    x28, x13, x26, lo               // min(first + chunk, n)
+        b       .Lclaimed\@
+.Lguided\@:
+        ldxr    x12, [x11]
+        cmp     x12, x26
+        b.hs    .Lnone\@
+        sub     x13, x26, x12
+        lsr     x13, x13, x9                    // remaining >> s
+        cmp     x13, x10
+        csel    x13, x13, x10, hs               // at least J_CHUNK
+        add     x13, x13, x12
+        cmp     x13, x26
+        csel    x13, x13, x26, lo               // at most to the end
+        stxr    w14, x13, [x11]
+        cbnz    w14, .Lguided\@
+        mov     x27, x12
+        mov     x28, x13
+        b       .Lclaimed\@
+.Lnone\@:
+        clrex
+        b       \none
+.Lclaimed\@:
+        .endm
+
+        /* matvec (w = x0, x = x1, b = x2, y = x3, n_in = x4, tile_begin = x5, tile_end = x6; scales in x15)
+         * with the kernel of the job's dtype: gpt2asm_matvec_{f32,f16}_\isa, or gpt2asm_matvec_q8_neon
+         * after moving the arguments into its order (w, scale, x, b, y, n_in, tile_begin, tile_end) */
+        .macro  mv_call isa
+        ldr     w9, [x21, #J_FLAGS]
+        tst     w9, #0xc                        // FL_F16 | FL_Q8
+        b.ne    .Lmv1\@
+        bl      SYM(gpt2asm_matvec_f32_\isa)
+        b       .Lmv3\@
+.Lmv1\@:
+        tbz     w9, #B_F16, .Lmv2\@
+        bl      SYM(gpt2asm_matvec_f16_\isa)
+        b       .Lmv3\@
+.Lmv2\@:
+        mov     x7, x6
+        mov     x6, x5
+        mov     x5, x4
+        mov     x4, x3
+        mov     x3, x2
+        mov     x2, x1
+        mov     x1, x15
+        bl      SYM(gpt2asm_matvec_q8_neon)
+.Lmv3\@:
+        .endm
+
+        /* matmul (w = x0, x = x1, ldx = x2, b = x3, y = x4, ldy = x5, n_tokens = x6, n_in = x7, tile_begin,
+         * tile_end = [sp], [sp, #8]; scales in x15) with NEON's kernel of the job's dtype; q8 takes
+         * (w, scale, x, ldx, b, y, ldy, n_tokens, n_in, tile_begin, tile_end) */
+        .macro  mm_call
+        ldr     w9, [x21, #J_FLAGS]
+        tst     w9, #0xc
+        b.ne    .Lmm1\@
+        bl      SYM(gpt2asm_matmul_f32_neon)
+        b       .Lmm3\@
+.Lmm1\@:
+        tbz     w9, #B_F16, .Lmm2\@
+        bl      SYM(gpt2asm_matmul_f16_neon)
+        b       .Lmm3\@
+.Lmm2\@:
+        ldp     x9, x10, [sp]
+        stp     x9, x10, [sp, #8]               // tile_begin, tile_end
+        str     x7, [sp]                        // n_in
+        mov     x7, x6
+        mov     x6, x5
+        mov     x5, x4
+        mov     x4, x3
+        mov     x3, x2
+        mov     x2, x1
+        mov     x1, x15
+        bl      SYM(gpt2asm_matmul_q8_neon)
+.Lmm3\@:
+        .endm
+
+        /* the attention kernel of the job's cache: float32, or with FL_KV16 binary16 */
+        .macro  att_call
+        ldr     w9, [x21, #J_FLAGS]
+        tbnz    w9, #B_KV16, .Latt16\@
+        bl      SYM(gpt2asm_attention_f32_neon)
+        b       .Latt32\@
+.Latt16\@:
+        bl      SYM(gpt2asm_attention_f16_neon)
+.Latt32\@:
+        .endm
+
+        /* one tile of the qkv matvec for head h = F_H: tile t = \part * n_head + h (\part 1: k, 2: v) into
+         * the cache at (h * head_stride + pos * 64) elements, as tiles [0, 1) of the pointers shifted to
+         * tile t (w + t * tile_bytes, b + 64 t); a binary16 cache through the staging row */
+        .macro  qkv_tile isa, part
+        ldr     x9, [sp, #F_H]
+        ldr     x10, [x21, #J_N]
+        .if \part == 2
+        lsl     x10, x10, #1
+        .endif
+        add     x9, x9, x10                     // t
+        ldr     x10, [x21, #J_TILEB]
+        ldr     x0, [x21, #J_W]
+        madd    x0, x9, x10, x0                 // the tile's weights
+        mov     x1, x24
+        ldr     x2, [x21, #J_B]
+        add     x2, x2, x9, lsl #8              // b + 64 t
+        ldr     x15, [x21, #J_SCALE]
+        add     x15, x15, x9, lsl #8            // scale + 64 t (q8)
+        ldr     x10, [sp, #F_H]
+        ldr     x11, [x21, #J_A3]
+        mul     x10, x10, x11
+        ldr     x11, [x20, #PL_POS]
+        add     x10, x10, x11, lsl #6           // (h * head_stride + 64 pos) elements
+        .if \part == 1
+        ldr     x3, [x21, #J_A0]                // k cache
+        .else
+        ldr     x3, [x21, #J_A1]                // v cache
+        .endif
+        ldr     w11, [x21, #J_FLAGS]
+        tbnz    w11, #B_KV16, .Lqt16\@
+        add     x3, x3, x10, lsl #2             // [h][pos]
+        b       .Lqt32\@
+.Lqt16\@:
+        add     x3, x3, x10, lsl #1             // binary16 [h][pos] ...
+        str     x3, [sp, #F_KVDST]
+        ldr     x10, [x20, #PL_KV_OFF]
+        add     x3, x23, x10                    // ... after the staging row
+.Lqt32\@:
+        ldr     x4, [x21, #J_NIN]
+        mov     x5, #0                          // tiles [0, 1) of the shifted pointers
+        mov     x6, #1
+        mv_call \isa
+        ldr     w11, [x21, #J_FLAGS]
+        tbz     w11, #B_KV16, .Lqtd\@
+        ldr     x0, [sp, #F_KVDST]
+        ldr     x10, [x20, #PL_KV_OFF]
+        add     x1, x23, x10
+        mov     x2, #64
+        bl      kv16_store                      // the row, rounded to binary16, into the cache
+.Lqtd\@:
+        .endm
+
+        /* x9 = ++F_H; branch to \loop while it is below the claim's end */
+        .macro  next_item loop
+        ldr     x9, [sp, #F_H]
+        add     x9, x9, #1
+        str     x9, [sp, #F_H]
+        cmp     x9, x28
+        b.lo    \loop
+        .endm
+
+        .macro  plan_family isa
+/* plan_jobs_<isa>(ctx = x0, plan = x1, first job = x2, end = x3, tid = x4) */
+function plan_jobs_\isa, align=5
+        sub     sp, sp, #FRAME
+        stp     x29, x30, [sp, #144]
+        add     x29, sp, #144
+        stp     x19, x20, [sp, #64]
+        stp     x21, x22, [sp, #80]
+        stp     x23, x24, [sp, #96]
+        stp     x25, x26, [sp, #112]
+        stp     x27, x28, [sp, #128]
+        mov     x19, x0
+        mov     x20, x1
+        mov     x21, x2
+        mov     x25, x3
+        mov     x22, x4
+        ldr     x9, [x20, #PL_PRIV_STRIDE]
+        ldr     x10, [x20, #PL_PRIV]
+        madd    x23, x22, x9, x10               // this thread's private area
+        cmp     x21, x25
+        b.hs    .Lret_\isa
+
+.Ljob_\isa:
+        ldr     x26, [x21, #J_N]
+        ldr     w9, [x21, #J_FLAGS]
+        tbz     w9, #B_ROWS, 1f
+        ldr     x10, [x20, #PL_NTOK]
+        mul     x26, x26, x10                   // a row job: J_N items per row
+1:      ldr     w9, [x21, #J_KIND]
+        cmp     w9, #KIND_MATVEC
+        b.eq    .Lmatvec_\isa
+        cmp     w9, #KIND_QKV
+        b.eq    .Lqkv_\isa
+        cmp     w9, #KIND_ATTN
+        b.eq    .Lattn_\isa
+        cmp     w9, #KIND_MATMUL
+        b.eq    .Lmatmul_\isa
+        cmp     w9, #KIND_ROWLN
+        b.eq    .Lrowln_\isa
+        cmp     w9, #KIND_ROWATTN
+        b.eq    .Lrowattn_\isa
+        b       .Lbarrier_\isa                  // (Python builds no other kind)
+
+        /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them (GELU in place,
+         * RESID x += y, or ARGMAX into this thread's 16-byte slot at a0 + 16 tid: { u64 index of its
+         * first maximum so far (SIZE_MAX: none yet), f32 its value, u32 1 if a NaN or an infinity was
+         * seen } over the outputs < a1 of its claims, which ascend) */
+.Lmatvec_\isa:
+        job_prologue mv
+        ldr     w9, [x21, #J_FLAGS]
+        and     w9, w9, #EPI_MASK
+        cmp     w9, #EPI_ARGMAX
+        b.ne    .Lmv_claim_\isa
+        ldr     x10, [x21, #J_A0]
+        add     x10, x10, x22, lsl #4           // this thread's slot
+        mov     x11, #-1
+        stp     x11, xzr, [x10]
+.Lmv_claim_\isa:
+        claim   .Lbarrier_\isa
+        ldr     x0, [x21, #J_W]
+        mov     x1, x24
+        ldr     x2, [x21, #J_B]
+        ldr     x3, [x21, #J_Y]
+        ldr     x4, [x21, #J_NIN]
+        mov     x5, x27
+        mov     x6, x28
+        ldr     x15, [x21, #J_SCALE]
+        mv_call \isa
+        ldr     w9, [x21, #J_FLAGS]
+        ands    w9, w9, #EPI_MASK
+        b.eq    .Lmv_claim_\isa
+        lsl     x10, x27, #6                    // o0 = 64 t0
+        sub     x2, x28, x27
+        lsl     x2, x2, #6                      // 64 (t1 - t0) outputs
+        ldr     x11, [x21, #J_Y]
+        add     x0, x11, x10, lsl #2            // y + o0
+        cmp     w9, #EPI_GELU
+        b.ne    3f
+        mov     x1, x0
+        bl      SYM(gpt2asm_gelu_f32_neon)      // y = gelu(y), in place
+        b       .Lmv_claim_\isa
+3:      cmp     w9, #EPI_RESID
+        b.ne    4f
+        mov     x3, x2
+        mov     x2, x0                          // y + o0
+        ldr     x11, [x21, #J_A0]
+        add     x0, x11, x10, lsl #2            // x + o0
+        mov     x1, x0
+        bl      vadd_neon                       // x = x + y
+        b       .Lmv_claim_\isa
+4:      str     x10, [sp, #F_H]                 // ARGMAX: o0
+        ldr     x11, [x21, #J_A1]
+        subs    x11, x11, x10                   // outputs from o0 that count
+        b.ls    .Lmv_claim_\isa
+        cmp     x2, x11
+        csel    x1, x2, x11, lo
+        bl      SYM(gpt2asm_argmax_f32_neon)    // first maximum of y[o0 .. o0 + n), or SIZE_MAX
+        ldr     x11, [x21, #J_A0]
+        add     x11, x11, x22, lsl #4           // the slot
+        cmn     x0, #1
+        b.eq    5f
+        ldr     x10, [sp, #F_H]
+        add     x0, x0, x10                     // the output index
+        ldr     x12, [x21, #J_Y]
+        ldr     s0, [x12, x0, lsl #2]
+        ldr     x13, [x11]
+        cmn     x13, #1
+        b.eq    6f                              // the thread's first candidate
+        ldr     s1, [x11, #8]
+        fcmp    s0, s1
+        b.le    .Lmv_claim_\isa                 // not larger: the earlier one stays
+6:      str     x0, [x11]
+        str     s0, [x11, #8]
+        b       .Lmv_claim_\isa
+5:      mov     w12, #1                         // a NaN or an infinity
+        str     w12, [x11, #12]
+        b       .Lmv_claim_\isa
+
+        /* ---- QKV: for the claimed heads [h0, h1): the q tiles (one call), the k tiles and the v tiles
+         * (one call per tile, straight into the cache), then their attention (one call) */
+.Lqkv_\isa:
+        job_prologue qkv
+.Lqkv_claim_\isa:
+        claim   .Lbarrier_\isa
+        ldr     x0, [x21, #J_W]
+        mov     x1, x24
+        ldr     x2, [x21, #J_B]
+        ldr     x3, [x21, #J_Y]
+        ldr     x4, [x21, #J_NIN]
+        mov     x5, x27
+        mov     x6, x28
+        ldr     x15, [x21, #J_SCALE]
+        mv_call \isa                            // q tiles h0 .. h1-1 into y + 64 h
+        str     x27, [sp, #F_H]
+.Lqkv_k_\isa:
+        qkv_tile \isa, 1
+        next_item .Lqkv_k_\isa
+        str     x27, [sp, #F_H]
+.Lqkv_v_\isa:
+        qkv_tile \isa, 2
+        next_item .Lqkv_v_\isa
+        ldr     x0, [x21, #J_Y]                 // the attention of the claimed heads, one call
+        ldr     x1, [x21, #J_A0]                // k
+        ldr     x2, [x21, #J_A1]                // v
+        ldr     x3, [x21, #J_A2]                // out
+        ldr     x9, [x20, #PL_S_OFF]
+        add     x4, x23, x9                     // scratch
+        ldr     x5, [x20, #PL_POS]
+        add     x5, x5, #1                      // n_pos = pos + 1
+        ldr     x6, [x21, #J_A3]                // head_stride
+        mov     x7, x27                         // head_begin
+        str     x28, [sp]                       // head_end
+        att_call
+        b       .Lqkv_claim_\isa
+
+        /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
+.Lattn_\isa:
+        claim   .Lbarrier_\isa
+        ldr     x0, [x21, #J_Y]
+        ldr     x1, [x21, #J_A0]
+        ldr     x2, [x21, #J_A1]
+        ldr     x3, [x21, #J_A2]
+        ldr     x9, [x20, #PL_S_OFF]
+        add     x4, x23, x9
+        ldr     x5, [x21, #J_A4]
+        ldr     x6, [x21, #J_A3]
+        mov     x7, x27
+        str     x28, [sp]
+        att_call
+        b       .Lattn_\isa
+
+        /* ---- MATMUL (prefill; items = tiles): for each claimed tile tau, NEON's matmul of the dtype
+         * over the PL_NTOK rows of x into y, as tiles [0, 1) of the pointers shifted to tau; with FL_KV
+         * the tiles [H, 2H) and [2H, 3H) (H = J_A4) go to the k / v cache rows pos ..; then the epilogue
+         * on the tile's 64 outputs of every row: GELU in place, or RESID r[t ldr + o] += y[t ldy + o]. */
+.Lmatmul_\isa:
+        claim   .Lbarrier_\isa
+        str     x27, [sp, #F_H]
+.Lmm_tile_\isa:
+        ldr     x9, [sp, #F_H]                  // tau
+        ldr     x10, [x21, #J_TILEB]
+        ldr     x0, [x21, #J_W]
+        madd    x0, x9, x10, x0                 // the tile's weights
+        ldr     x15, [x21, #J_SCALE]
+        add     x15, x15, x9, lsl #8            // scale + 64 tau (q8)
+        ldr     x3, [x21, #J_B]
+        cbz     x3, 1f
+        add     x3, x3, x9, lsl #8              // b + 64 tau
+1:      ldr     x4, [x21, #J_Y]
+        add     x4, x4, x9, lsl #8              // y + 64 tau
+        ldr     x5, [x21, #J_LDY]
+        ldr     w11, [x21, #J_FLAGS]
+        tbz     w11, #B_KV, 3f
+        ldr     x12, [x21, #J_A4]               // H
+        subs    x10, x9, x12                    // tau - H
+        b.lo    3f                              // a q tile
+        ldr     x4, [x21, #J_A0]                // a k tile: head tau - H
+        cmp     x10, x12
+        b.lo    2f
+        sub     x10, x10, x12                   // a v tile: head tau - 2H
+        ldr     x4, [x21, #J_A1]
+2:      ldr     x13, [x21, #J_A3]
+        mul     x10, x10, x13                   // h * head_stride
+        ldr     x13, [x20, #PL_POS]
+        add     x10, x10, x13, lsl #6
+        mov     x5, #64                         // rows of 64 elements
+        tbnz    w11, #B_KV16, 5f
+        add     x4, x4, x10, lsl #2             // cache [h][pos]
+        b       3f
+5:      add     x4, x4, x10, lsl #1
+        str     x4, [sp, #F_KVDST]              // binary16 cache [h][pos] ...
+        ldr     x13, [x20, #PL_KV_OFF]
+        add     x4, x23, x13                    // ... after the staging rows
+3:      ldr     x1, [x21, #J_X]
+        ldr     x2, [x21, #J_LDX]
+        ldr     x6, [x20, #PL_NTOK]             // n_tokens
+        ldr     x7, [x21, #J_NIN]               // n_in
+        mov     x9, #1
+        stp     xzr, x9, [sp]                   // tiles [0, 1) of the shifted pointers
+        mm_call
+        ldr     w11, [x21, #J_FLAGS]
+        tbz     w11, #B_KV16, 6f
+        tbz     w11, #B_KV, 6f
+        ldr     x9, [sp, #F_H]
+        ldr     x12, [x21, #J_A4]
+        cmp     x9, x12
+        b.lo    .Lmm_next_\isa                  // a q tile
+        ldr     x0, [sp, #F_KVDST]              // a k / v tile: its PL_NTOK staged rows, rounded to
+        ldr     x13, [x20, #PL_KV_OFF]          // binary16, into the cache rows pos .. (contiguous)
+        add     x1, x23, x13
+        ldr     x2, [x20, #PL_NTOK]
+        lsl     x2, x2, #6
+        bl      kv16_store
+        b       .Lmm_next_\isa
+6:      tst     w11, #EPI_MASK
+        b.eq    .Lmm_next_\isa
+        str     xzr, [sp, #F_ROW]
+.Lmm_epi_\isa:                                  // the tile's 64 outputs of row F_ROW
+        ldr     x9, [sp, #F_ROW]
+        ldr     x10, [x20, #PL_NTOK]
+        cmp     x9, x10
+        b.hs    .Lmm_next_\isa
+        add     x10, x9, #1
+        str     x10, [sp, #F_ROW]
+        ldr     x10, [sp, #F_H]
+        lsl     x10, x10, #6                    // 64 tau
+        ldr     x11, [x21, #J_LDY]
+        madd    x12, x9, x11, x10
+        ldr     x13, [x21, #J_Y]
+        add     x2, x13, x12, lsl #2            // &y[row][64 tau]
+        ldr     w11, [x21, #J_FLAGS]
+        tbz     w11, #B_EPI_GELU, 4f
+        mov     x0, x2
+        mov     x1, x2
+        mov     x2, #64
+        bl      SYM(gpt2asm_gelu_f32_neon)      // y = gelu(y), in place
+        b       .Lmm_epi_\isa
+4:      ldr     x11, [x21, #J_LDR]
+        madd    x12, x9, x11, x10
+        ldr     x13, [x21, #J_A0]
+        add     x0, x13, x12, lsl #2            // &r[row][64 tau]
+        mov     x1, x0
+        mov     x3, #64
+        bl      vadd_neon                       // r = r + y
+        b       .Lmm_epi_\isa
+.Lmm_next_\isa:
+        next_item .Lmm_tile_\isa
+        b       .Lmatmul_\isa
+
+        /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
+.Lrowln_\isa:
+        claim   .Lbarrier_\isa
+        str     x27, [sp, #F_H]
+.Lrowln_row_\isa:
+        ldr     x9, [sp, #F_H]
+        ldr     x10, [x21, #J_LDX]
+        mul     x10, x9, x10
+        ldr     x0, [x21, #J_X]
+        add     x0, x0, x10, lsl #2             // x row t
+        ldr     x10, [x21, #J_LDY]
+        mul     x10, x9, x10
+        ldr     x3, [x21, #J_Y]
+        add     x3, x3, x10, lsl #2             // y row t
+        ldr     x1, [x21, #J_G]
+        ldr     x2, [x21, #J_BETA]
+        ldr     x4, [x21, #J_NIN]
+        bl      SYM(gpt2asm_layernorm_f32_neon)
+        next_item .Lrowln_row_\isa
+        b       .Lrowln_\isa
+
+        /* ---- ROWATTN (items i < H * PL_NTOK): head h = i / PL_NTOK, row t = PL_NTOK - 1 - i % PL_NTOK:
+         * attention of head h of query row t (J_Y + t ldx) over positions 0 .. pos + t into out row t
+         * (J_A2 + t ldy) */
+.Lrowattn_\isa:
+        claim   .Lbarrier_\isa
+        str     x27, [sp, #F_H]
+.Lra_item_\isa:
+        ldr     x9, [sp, #F_H]
+        ldr     x10, [x20, #PL_NTOK]
+        udiv    x11, x9, x10                    // h
+        msub    x12, x11, x10, x9               // i mod n_tok
+        sub     x12, x10, x12
+        sub     x12, x12, #1                    // t
+        mov     x7, x11                         // head_begin
+        add     x11, x11, #1
+        str     x11, [sp]                       // head_end
+        ldr     x6, [x21, #J_A3]                // head_stride
+        ldr     x10, [x21, #J_LDX]
+        mul     x10, x12, x10
+        ldr     x0, [x21, #J_Y]
+        add     x0, x0, x10, lsl #2             // q row t
+        ldr     x10, [x21, #J_LDY]
+        mul     x10, x12, x10
+        ldr     x3, [x21, #J_A2]
+        add     x3, x3, x10, lsl #2             // out row t
+        ldr     x1, [x21, #J_A0]                // k
+        ldr     x2, [x21, #J_A1]                // v
+        ldr     x10, [x20, #PL_S_OFF]
+        add     x4, x23, x10                    // scratch
+        ldr     x5, [x20, #PL_POS]
+        add     x5, x5, x12
+        add     x5, x5, #1                      // n_pos = pos + t + 1
+        att_call
+        next_item .Lra_item_\isa
+        b       .Lrowattn_\isa
+
+        /* ---- barrier: every job's outputs are complete before the next job starts */
+.Lbarrier_\isa:
+        ldr     w3, [x19, #CTX_NTHREADS]
+        cmp     w3, #1
+        b.ls    .Lnext_\isa
+        mov     x4, x19
+        add     x9, x21, #J_SIZE
+        cmp     x9, x25
+        b.hs    1f
+        add     x0, x21, #J_ARRIVE
+        add     x2, x21, #J_SLEEPERS
+        mov     w1, #1
+        bl      pool_arrive
+        b       .Lnext_\isa
+1:      add     x0, x19, #CTX_DONE              // the last job: the pool's own counter, and only
+        add     x2, x19, #CTX_DONE_SLEEPERS     // the caller waits (the plan may be freed after)
+        cmp     x22, #0
+        cset    w1, eq
+        bl      pool_arrive
+.Lnext_\isa:
+        add     x21, x21, #J_SIZE
+        cmp     x21, x25
+        b.lo    .Ljob_\isa
+.Lret_\isa:
+        ldp     x19, x20, [sp, #64]
+        ldp     x21, x22, [sp, #80]
+        ldp     x23, x24, [sp, #96]
+        ldp     x25, x26, [sp, #112]
+        ldp     x27, x28, [sp, #128]
+        ldp     x29, x30, [sp, #144]
+        add     sp, sp, #FRAME
+        ret
+endfunc
+        .endm
+
+        plan_family neon
+        plan_family sme2
+
+/*
+ * void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
+ *   Run jobs [job_begin, job_end) of the plan with every thread of the pool; returns when all are done.
+ */
+        .macro  plan_run isa
+function gpt2asm_plan_run_\isa, export=1
+        cmp     x2, x3
+        b.hs    9f
+        mov     x9, #J_SIZE
+        madd    x2, x2, x9, x1
+        add     x2, x2, #PL_HEADER              // first job
+        madd    x3, x3, x9, x1
+        add     x3, x3, #PL_HEADER              // end
+        mov     x9, x2
+1:      str     xzr, [x9, #J_CLAIM]             // fresh counters (no thread is inside the plan)
+        str     xzr, [x9, #J_ARRIVE]            // arrive and sleepers
+        add     x9, x9, #J_SIZE
+        cmp     x9, x3
+        b.lo    1b
+        mov     x4, #0                          // thread 0
+        ldr     w9, [x0, #CTX_NTHREADS]
+        cmp     w9, #1
+        b.ls    plan_jobs_\isa                  // no workers: tail call
+        str     wzr, [x0, #CTX_DONE]
+        str     x1, [x0, #CTX_PLAN]
+        stp     x2, x3, [x0, #CTX_FIRST]
+        inc32_fence x0, w9, w10                 // CTX_SEQ: publish (release, then a full fence)
+        ldr     w9, [x0, #CTX_SEQ_SLEEPERS]
+        cbz     w9, plan_jobs_\isa
+        stp     x29, x30, [sp, #-48]!
+        mov     x29, sp
+        stp     x0, x1, [sp, #16]
+        stp     x2, x3, [sp, #32]
+        bl      pool_wake                       // x0 = &ctx.seq
+        ldp     x0, x1, [sp, #16]
+        ldp     x2, x3, [sp, #32]
+        ldp     x29, x30, [sp], #48
+        mov     x4, #0
+        b       plan_jobs_\isa
+9:      ret
+endfunc
+        .endm
+
+/*
+ * void gpt2asm_worker_<isa>(pool_t *ctx, size_t tid);
+ *   Worker thread tid (1 .. n_threads-1): run every plan the caller starts, until shutdown, with the
+ *   jobs of family \jobs (sme2's workers run NEON's: see the top of this file).
+ */
+        .macro  worker isa, jobs
+function gpt2asm_worker_\isa, export=1
+        stp     x29, x30, [sp, #-48]!
+        mov     x29, sp
+        stp     x19, x20, [sp, #16]
+        str     x21, [sp, #32]
+        mov     x19, x0
+        mov     x20, x1
+        mov     w21, #0                         // generation seen: 0 (no plan ran before start)
+1:      mov     x0, x19                         // &ctx.seq
+        mov     w1, w21
+        add     x2, x19, #CTX_SEQ_SLEEPERS
+        ldr     x3, [x19, #CTX_SPIN]
+        add     x4, x19, #CTX_PARKS
+        bl      pool_wait_ne
+        ldr     w21, [x19, #CTX_SEQ]
+        ldr     w9, [x19, #CTX_SHUTDOWN]
+        cbnz    w9, 9f
+        mov     x0, x19
+        ldr     x1, [x19, #CTX_PLAN]
+        ldp     x2, x3, [x19, #CTX_FIRST]
+        mov     x4, x20
+        bl      plan_jobs_\jobs
+        b       1b
+9:      ldr     x21, [sp, #32]
+        ldp     x19, x20, [sp, #16]
+        ldp     x29, x30, [sp], #48
+        ret
+endfunc
+        .endm
+
+        plan_run neon
+        plan_run sme2
+        worker  neon, neon
+        worker  sme2, neon
