@@ -271,7 +271,8 @@ def fma32(a, b, c) -> np.ndarray:
 
 def contract_ref(wt, x, b, tb, te) -> np.ndarray:
     """The documented operation sequence for outputs 64*tb .. 64*te-1, exactly (binary32)."""
-    w = np.asarray(wt[tb:te], np.float32)                   # f16 widens exactly
+    with np.errstate(invalid="ignore"):                     # (aarch64 numpy flags a NaN half's widening)
+        w = np.asarray(wt[tb:te], np.float32)               # f16 widens exactly
     acc = np.zeros((te - tb) * TILE, np.float32)             # +0.0
     for i in range(w.shape[1]):
         acc = fma32(w[:, i, :].reshape(-1), x[i], acc)
