@@ -8,10 +8,10 @@ before any address reaches assembly; bad token lists raise typed errors and leav
 The full-prefix forward (GPT2.logits) runs the same row plan plus the head on every row: the logits of
 cached steps at every position.
 
-Families without a plan executor (Arm: neon, sme2) prefill through Transformer.prefill_reference (kernel
-calls from Python, the matmul kernels over the rows): the same tests run on them (make test-arm64 /
-tools/arm64/run_tests.py, with shorter prompts under qemu), and natively the per-call path is checked on
-the x86 families too (test_prefill_reference_*).
+The Arm families (neon, sme2) run the same row plans (asm/aarch64/plan_aarch64.S): the same tests run on
+them (make test-arm64 / tools/arm64/run_tests.py, with shorter prompts under qemu).  The per-call path of
+a family without a plan executor, Transformer.prefill_reference (kernel calls from Python, the matmul
+kernels over the rows), is checked with every family forced onto it (test_prefill_reference_*).
 """
 from __future__ import annotations
 
