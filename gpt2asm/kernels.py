@@ -314,17 +314,15 @@ def _cpus() -> int:
 
 
 def _spin_ticks(threads: int) -> tuple[int, int]:
-    """(spin, yield) TSC ticks (AArch64: nanoseconds) of a waiting thread: spin with pause, from `yield` on calling sched_yield
-    between rounds, then park.  Yielding from the start costs nothing on an idle machine (measured: the
-    same 0.2 us per job barrier at -j 2) and is what keeps -j 2 near -j 1 speed when another process
-    competes for the cores (measured with one busy process on 2 cores: 11.8 ms/token fp16 against 18.2
-    without yielding, -j 1 10.2); with more threads than CPUs the thread waited for may need this very
-    CPU, so the waiter parks sooner."""
-    if ARCH == "aarch64":                      # nanoseconds there
-        return (SPIN_NS if threads <= _cpus() else SPIN_NS_OVERSUBSCRIBED), 0
-    if threads <= _cpus():
-        return SPIN_TICKS, 0
-    return SPIN_TICKS_OVERSUBSCRIBED, 0
+    """(spin, yield) TSC ticks (AArch64: nanoseconds) of a waiting thread: spin with pause, from `yield`
+    on calling sched_yield between rounds, then park.  Yielding from the start costs nothing on an idle
+    machine (measured: the same 0.2 us per job barrier at -j 2) and is what keeps -j 2 near -j 1 speed
+    when another process competes for the cores (measured with one busy process on 2 cores: 11.8
+    ms/token fp16 against 18.2 without yielding, -j 1 10.2); with more threads than CPUs the thread
+    waited for may need this very CPU, so the waiter parks sooner."""
+    spin, oversubscribed = ((SPIN_NS, SPIN_NS_OVERSUBSCRIBED) if ARCH == "aarch64"
+                            else (SPIN_TICKS, SPIN_TICKS_OVERSUBSCRIBED))
+    return (spin if threads <= _cpus() else oversubscribed), 0
 
 
 PLAN_HEADER = 128

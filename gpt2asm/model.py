@@ -26,7 +26,8 @@ The full-prefix forward (GPT2.logits) runs the same row plan, then LayerNorm f a
 adds and cache copies): the reference the plan is tested against, the per-kernel comparison of the
 emulated AVX-512 test, and the path of a kernel family without a plan executor.  `prefill_reference` is
 the prefill done so (LayerNorm, attention and GELU kernel calls per row, the matmul kernels over the rows
-with the tiles split over Kernels.run, numpy adds and cache copies): the prefill of such a family, and its reference in the tests.
+with the tiles split over Kernels.run, numpy adds and cache copies): the prefill of such a family, and
+the reference of the tests.
 """
 from __future__ import annotations
 
@@ -353,8 +354,9 @@ class Transformer:
 
     def prefill_reference(self, s: State, tokens: list[int]) -> np.ndarray:
         """prefill() as single kernel calls from Python (a family with the matmul kernels but without a plan
-        executor; every family of this library has one): layer by layer over up to PREFILL_ROWS tokens, then the head for the last token;
-        the logits and cache bits of cached steps (any family with the matmul kernels; tests call it on x86)."""
+        executor; every family of this library has one): layer by layer over up to PREFILL_ROWS tokens,
+        then the head for the last token; the logits and cache bits of cached steps (any family with the
+        matmul kernels; the tests force every family onto it)."""
         tokens = self._check_tokens(s, tokens)
         cfg, r = self.cfg, s.prefill_rows(PREFILL_ROWS)
         wte, wpe = self.w.wte.reshape(cfg.vocab_size, -1), self.w.wpe.reshape(cfg.n_ctx, -1)

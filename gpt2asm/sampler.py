@@ -61,7 +61,7 @@ class Sampler:
         (the step's LM head job: no second pass over the logits)."""
         greedy = self.temperature == 0.0 and (self.penalty == 1.0 or not history)
         if greedy and (first_max is not None or self.argmax is not None):
-            i = first_max() if first_max is not None else self.argmax(logits)   # plain greedy: the first maximum
+            i = first_max() if first_max is not None else self.argmax(logits)     # plain greedy: first max
             if i is None:
                 self._non_finite(logits)
             return i

@@ -340,17 +340,17 @@ endfunc
 #define FRAME   160
 
         /* x24 = the job's matvec input, after its prologue (embedding add, LayerNorm) */
-        .macro  job_prologue sfx
+        .macro  job_prologue
         ldr     x24, [x21, #J_X]
         ldr     w9, [x21, #J_FLAGS]
         ands    w9, w9, #PRO_MASK
-        b.eq    .Lpro_done_\sfx\@
-        tbz     w9, #B_PRO_EMBED, .Lpro_ln_\sfx\@
+        b.eq    .Lpro_done\@
+        tbz     w9, #B_PRO_EMBED, .Lpro_ln\@
         ldr     x0, [x20, #PL_X]                // thread 0 writes the residual stream ...
-        cbz     x22, .Lpro_e_\sfx\@
+        cbz     x22, .Lpro_e\@
         ldr     x9, [x20, #PL_E_OFF]
         add     x0, x23, x9                     // ... the others a private copy of it
-.Lpro_e_\sfx\@:
+.Lpro_e\@:
         mov     x24, x0
         ldr     x3, [x20, #PL_C]
         ldr     x9, [x20, #PL_TOKEN]
@@ -362,7 +362,7 @@ endfunc
         ldr     x2, [x20, #PL_WPE]
         add     x2, x2, x9, lsl #2              // wpe[pos]
         bl      vadd_neon                       // x = wte[token] + wpe[pos]
-.Lpro_ln_\sfx\@:
+.Lpro_ln\@:
         mov     x0, x24
         ldr     x1, [x21, #J_G]
         ldr     x2, [x21, #J_BETA]
@@ -371,7 +371,7 @@ endfunc
         mov     x24, x3                         // the matvec reads the private h
         ldr     x4, [x21, #J_NIN]
         bl      SYM(gpt2asm_layernorm_f32_neon)
-.Lpro_done_\sfx\@:
+.Lpro_done\@:
         .endm
 
         /* claim the next items: x27, x28 = [first, end); branch to \none if none is left.
@@ -417,6 +417,18 @@ endfunc
 .Lclaimed\@:
         .endm
 
+        /* x2 .. x7 = x1 .. x6, x1 = x15: the f32 / f16 kernels' arguments in the q8 kernels' order (their
+         * second argument is the scales, in x15) */
+        .macro  args_up
+        mov     x7, x6
+        mov     x6, x5
+        mov     x5, x4
+        mov     x4, x3
+        mov     x3, x2
+        mov     x2, x1
+        mov     x1, x15
+        .endm
+
         /* matvec (w = x0, x = x1, b = x2, y = x3, n_in = x4, tile_begin = x5, tile_end = x6; scales in x15)
          * with the kernel of the job's dtype: gpt2asm_matvec_{f32,f16}_\isa, or gpt2asm_matvec_q8_neon
          * after moving the arguments into its order (w, scale, x, b, y, n_in, tile_begin, tile_end) */
@@ -431,13 +443,7 @@ endfunc
         bl      SYM(gpt2asm_matvec_f16_\isa)
         b       .Lmv3\@
 .Lmv2\@:
-        mov     x7, x6
-        mov     x6, x5
-        mov     x5, x4
-        mov     x4, x3
-        mov     x3, x2
-        mov     x2, x1
-        mov     x1, x15
+        args_up
         bl      SYM(gpt2asm_matvec_q8_neon)
 .Lmv3\@:
         .endm
@@ -459,13 +465,7 @@ endfunc
         ldp     x9, x10, [sp]
         stp     x9, x10, [sp, #8]               // tile_begin, tile_end
         str     x7, [sp]                        // n_in
-        mov     x7, x6
-        mov     x6, x5
-        mov     x5, x4
-        mov     x4, x3
-        mov     x3, x2
-        mov     x2, x1
-        mov     x1, x15
+        args_up
         bl      SYM(gpt2asm_matmul_q8_neon)
 .Lmm3\@:
         .endm
@@ -479,6 +479,34 @@ endfunc
 .Latt16\@:
         bl      SYM(gpt2asm_attention_f16_neon)
 .Latt32\@:
+        .endm
+
+        /* the job's matvec over the claimed tiles [x27, x28): W (J_W, J_SCALE) times the input x24, plus
+         * J_B, into J_Y */
+        .macro  mv_claimed isa
+        ldr     x0, [x21, #J_W]
+        mov     x1, x24
+        ldr     x2, [x21, #J_B]
+        ldr     x3, [x21, #J_Y]
+        ldr     x4, [x21, #J_NIN]
+        mov     x5, x27
+        mov     x6, x28
+        ldr     x15, [x21, #J_SCALE]
+        mv_call \isa
+        .endm
+
+        /* the attention arguments of the claimed heads [x27, x28) but n_pos (x5): q = J_Y, k / v caches
+         * = a0 / a1, out = a2, this thread's scratch, head stride a3 */
+        .macro  att_claimed
+        ldr     x0, [x21, #J_Y]
+        ldr     x1, [x21, #J_A0]
+        ldr     x2, [x21, #J_A1]
+        ldr     x3, [x21, #J_A2]
+        ldr     x9, [x20, #PL_S_OFF]
+        add     x4, x23, x9
+        ldr     x6, [x21, #J_A3]
+        mov     x7, x27
+        str     x28, [sp]
         .endm
 
         /* one tile of the qkv matvec for head h = F_H: tile t = \part * n_head + h (\part 1: k, 2: v) into
@@ -590,7 +618,7 @@ function plan_jobs_\isa, align=5
          * first maximum so far (SIZE_MAX: none yet), f32 its value, u32 1 if a NaN or an infinity was
          * seen } over the outputs < a1 of its claims, which ascend) */
 .Lmatvec_\isa:
-        job_prologue mv
+        job_prologue
         ldr     w9, [x21, #J_FLAGS]
         and     w9, w9, #EPI_MASK
         cmp     w9, #EPI_ARGMAX
@@ -601,15 +629,7 @@ function plan_jobs_\isa, align=5
         stp     x11, xzr, [x10]
 .Lmv_claim_\isa:
         claim   .Lbarrier_\isa
-        ldr     x0, [x21, #J_W]
-        mov     x1, x24
-        ldr     x2, [x21, #J_B]
-        ldr     x3, [x21, #J_Y]
-        ldr     x4, [x21, #J_NIN]
-        mov     x5, x27
-        mov     x6, x28
-        ldr     x15, [x21, #J_SCALE]
-        mv_call \isa
+        mv_claimed \isa
         ldr     w9, [x21, #J_FLAGS]
         ands    w9, w9, #EPI_MASK
         b.eq    .Lmv_claim_\isa
@@ -663,18 +683,10 @@ function plan_jobs_\isa, align=5
         /* ---- QKV: for the claimed heads [h0, h1): the q tiles (one call), the k tiles and the v tiles
          * (one call per tile, straight into the cache), then their attention (one call) */
 .Lqkv_\isa:
-        job_prologue qkv
+        job_prologue
 .Lqkv_claim_\isa:
         claim   .Lbarrier_\isa
-        ldr     x0, [x21, #J_W]
-        mov     x1, x24
-        ldr     x2, [x21, #J_B]
-        ldr     x3, [x21, #J_Y]
-        ldr     x4, [x21, #J_NIN]
-        mov     x5, x27
-        mov     x6, x28
-        ldr     x15, [x21, #J_SCALE]
-        mv_call \isa                            // q tiles h0 .. h1-1 into y + 64 h
+        mv_claimed \isa                         // q tiles h0 .. h1-1 into y + 64 h
         str     x27, [sp, #F_H]
 .Lqkv_k_\isa:
         qkv_tile \isa, 1
@@ -683,33 +695,17 @@ function plan_jobs_\isa, align=5
 .Lqkv_v_\isa:
         qkv_tile \isa, 2
         next_item .Lqkv_v_\isa
-        ldr     x0, [x21, #J_Y]                 // the attention of the claimed heads, one call
-        ldr     x1, [x21, #J_A0]                // k
-        ldr     x2, [x21, #J_A1]                // v
-        ldr     x3, [x21, #J_A2]                // out
-        ldr     x9, [x20, #PL_S_OFF]
-        add     x4, x23, x9                     // scratch
+        att_claimed                             // the attention of the claimed heads, one call,
         ldr     x5, [x20, #PL_POS]
-        add     x5, x5, #1                      // n_pos = pos + 1
-        ldr     x6, [x21, #J_A3]                // head_stride
-        mov     x7, x27                         // head_begin
-        str     x28, [sp]                       // head_end
+        add     x5, x5, #1                      // over n_pos = pos + 1
         att_call
         b       .Lqkv_claim_\isa
 
         /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
 .Lattn_\isa:
         claim   .Lbarrier_\isa
-        ldr     x0, [x21, #J_Y]
-        ldr     x1, [x21, #J_A0]
-        ldr     x2, [x21, #J_A1]
-        ldr     x3, [x21, #J_A2]
-        ldr     x9, [x20, #PL_S_OFF]
-        add     x4, x23, x9
-        ldr     x5, [x21, #J_A4]
-        ldr     x6, [x21, #J_A3]
-        mov     x7, x27
-        str     x28, [sp]
+        att_claimed
+        ldr     x5, [x21, #J_A4]                // n_pos of the record
         att_call
         b       .Lattn_\isa
 

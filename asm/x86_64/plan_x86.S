@@ -566,6 +566,38 @@ vadd_avx512:
         dtype_call matvec, \isa, mv_q8_args
         .endm
 
+        /* the job's matvec over the claimed tiles [F_T0, F_T1): W (J_W, J_SCALE) times the input rbp,
+         * plus J_B, into J_Y */
+        .macro  mv_claimed isa
+        movq    J_W(%r14), %rdi
+        movq    %rbp, %rsi
+        movq    J_B(%r14), %rdx
+        movq    J_Y(%r14), %rcx
+        movq    J_NIN(%r14), %r8
+        movq    F_T0(%rsp), %r9
+        movq    F_T1(%rsp), %rax
+        movq    %rax, 0(%rsp)
+        movq    J_SCALE(%r14), %r10
+        mv_call \isa
+        .endm
+
+        /* the attention arguments of the claimed heads [F_T0, F_T1) but n_pos (r9): q = J_Y, k / v
+         * caches = a0 / a1, out = a2, this thread's scratch (a row per head), head stride a3 */
+        .macro  att_claimed
+        movq    J_Y(%r14), %rdi
+        movq    J_A0(%r14), %rsi
+        movq    J_A1(%r14), %rdx
+        movq    J_A2(%r14), %rcx
+        movq    %rbx, %r8
+        addq    PL_S_OFF(%r13), %r8
+        movq    J_A3(%r14), %rax
+        movq    %rax, 0(%rsp)
+        movq    F_T0(%rsp), %rax
+        movq    %rax, 8(%rsp)
+        movq    F_T1(%rsp), %rax
+        movq    %rax, 16(%rsp)
+        .endm
+
         .macro  mm_call isa
         dtype_call matmul, \isa, mm_q8_args
         .endm
@@ -630,16 +662,7 @@ plan_jobs_\isa:
         movq    $0, 8(%rax)
 .Lmv_claim_\isa:
         claim   .Lbarrier_\isa
-        movq    J_W(%r14), %rdi
-        movq    %rbp, %rsi
-        movq    J_B(%r14), %rdx
-        movq    J_Y(%r14), %rcx
-        movq    J_NIN(%r14), %r8
-        movq    F_T0(%rsp), %r9
-        movq    F_T1(%rsp), %rax
-        movq    %rax, 0(%rsp)
-        movq    J_SCALE(%r14), %r10
-        mv_call \isa
+        mv_claimed \isa
         movl    J_FLAGS(%r14), %eax
         andl    $EPI_MASK, %eax
         jz      .Lmv_claim_\isa
@@ -700,16 +723,7 @@ plan_jobs_\isa:
         job_prologue \isa, qkv
 .Lqkv_claim_\isa:
         claim   .Lbarrier_\isa
-        movq    J_W(%r14), %rdi
-        movq    %rbp, %rsi
-        movq    J_B(%r14), %rdx
-        movq    J_Y(%r14), %rcx
-        movq    J_NIN(%r14), %r8
-        movq    F_T0(%rsp), %r9
-        movq    F_T1(%rsp), %rax
-        movq    %rax, 0(%rsp)
-        movq    J_SCALE(%r14), %r10
-        mv_call \isa                            /* q tiles h0 .. h1-1 into y + 64 h */
+        mv_claimed \isa                         /* q tiles h0 .. h1-1 into y + 64 h */
         movq    F_T0(%rsp), %rax
         movq    %rax, F_H(%rsp)
 .Lqkv_k_\isa:
@@ -728,39 +742,17 @@ plan_jobs_\isa:
         movq    %rax, F_H(%rsp)
         cmpq    F_T1(%rsp), %rax
         jb      .Lqkv_v_\isa
-        movq    J_Y(%r14), %rdi                 /* the attention of the claimed heads, one call */
-        movq    J_A0(%r14), %rsi                /* k */
-        movq    J_A1(%r14), %rdx                /* v */
-        movq    J_A2(%r14), %rcx                /* out */
-        movq    %rbx, %r8
-        addq    PL_S_OFF(%r13), %r8             /* scratch: a row per head */
+        att_claimed                             /* the attention of the claimed heads, one call, */
         movq    PL_POS(%r13), %r9
-        incq    %r9                             /* n_pos = pos + 1 */
-        movq    J_A3(%r14), %rax
-        movq    %rax, 0(%rsp)                   /* head_stride */
-        movq    F_T0(%rsp), %rax
-        movq    %rax, 8(%rsp)                   /* head_begin */
-        movq    F_T1(%rsp), %rax
-        movq    %rax, 16(%rsp)                  /* head_end */
+        incq    %r9                             /* over n_pos = pos + 1 */
         att_call \isa
         jmp     .Lqkv_claim_\isa
 
         /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
 .Lattn_\isa:
         claim   .Lbarrier_\isa
-        movq    J_Y(%r14), %rdi
-        movq    J_A0(%r14), %rsi
-        movq    J_A1(%r14), %rdx
-        movq    J_A2(%r14), %rcx
-        movq    %rbx, %r8
-        addq    PL_S_OFF(%r13), %r8
-        movq    J_A4(%r14), %r9
-        movq    J_A3(%r14), %rax
-        movq    %rax, 0(%rsp)
-        movq    F_T0(%rsp), %rax
-        movq    %rax, 8(%rsp)
-        movq    F_T1(%rsp), %rax
-        movq    %rax, 16(%rsp)
+        att_claimed
+        movq    J_A4(%r14), %r9                 /* n_pos of the record */
         att_call \isa
         jmp     .Lattn_\isa
 
