@@ -21,6 +21,8 @@ from different runs. Columns:
     of FMA peak    the prefill's flop rate (its FMAs x 2 / TTFT) over the FMA peak at -j N (our FMA probe,
                    gpt2asm_fmapeak_f32_<isa>: 12 or 16 independent chains), which bounds steps/TTFT: every
                    (token, output) of a prefill is an exact fp32 FMA chain, as in a cached step
+    step/read      a decode step at position 200 against a read of the same weight bytes (our read kernel,
+      paired       same -j), alternating in one process: median of read time / step time over 15 pairs
     Python %       share of a decode step spent outside the library (Python, ctypes, sampling)
     llama.cpp      llama-bench -n 128 -p 0 (decode) and -n 0 -p 512 (prefill), same checkpoint as GGUF F32 /
                    F16 / Q8_0 (`make llamacpp` builds it; skipped when absent)
@@ -204,6 +206,8 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         k.plan_run = inner
         (t0, s0), (t1, s1) = marks[8], marks[-1]              # steady state: tokens 9..72
         out["overhead_pct"] = 100.0 * ((t1 - t0) - (s1 - s0)) / (t1 - t0)
+    if 2 <= min(tokens) <= m.config.n_ctx:
+        out.update(_paired(m, nbytes, threads, min(tokens)))
     # time to first token for a prompt of prompt_len tokens
     if prompt_len:
         rng = np.random.default_rng(0)
@@ -223,6 +227,62 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
     m.close()
     return out
+
+
+def _paired(m, nbytes: int, threads: int, pos: int, rounds: int = 15) -> dict:
+    """A step at position pos against a read of the step's weight bytes (our read kernel, split over the
+    same thread count), alternating in this process, so that both see the same neighbours on a shared
+    machine: the median of read time / step time over `rounds` pairs (the step rewrites the same cache
+    position each time)."""
+    import ctypes
+
+    import numpy as np
+
+    from gpt2asm.kernels import ARCH, load_library
+    from gpt2asm.weights import aligned_empty
+    fn = getattr(load_library(), READBW[ARCH])
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
+    n = -(-nbytes // 4 // threads // 64) * 64                     # floats per thread, a multiple of 64
+    buf = aligned_empty(n * threads, np.float32)
+    buf[:] = 1.0
+    parts = [(buf.ctypes.data + i * n * 4, n) for i in range(threads)]
+    rng = np.random.default_rng(1)
+    ids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, pos)]
+    st = m.model.new_state()
+    m.model.prefill(st, ids[:-1])
+    n0, ratios = st.n, []
+    for _ in range(rounds):
+        t_read = _span(fn, parts)
+        st.n = n0
+        t_step = _timed(m.model.step, st, ids[-1])
+        ratios.append(t_read / t_step)
+    return {"paired_ratio": float(np.median(ratios)), "paired_pos": pos, "paired_rounds": rounds}
+
+
+def _span(fn, args: list[tuple]) -> float:
+    """Seconds from the first to the last of fn(*a) for every a in args, one thread each, at once (the
+    thread start-up before the first call is not counted)."""
+    if len(args) == 1:
+        return _timed(fn, *args[0])
+    import threading
+    marks: list[tuple[float, float]] = []
+
+    def one(a):
+        t0 = time.perf_counter()
+        fn(*a)
+        marks.append((t0, time.perf_counter()))
+    ts = [threading.Thread(target=one, args=(a,)) for a in args]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return max(e for _, e in marks) - min(b for b, _ in marks)
+
+
+def _timed(f, *args) -> float:
+    t0 = time.perf_counter()
+    f(*args)
+    return time.perf_counter() - t0
 
 
 def w_torch(model: str, threads: int, tokens: int, prompt_len: int) -> dict:
@@ -446,7 +506,7 @@ def main(argv=None) -> int:
     hdr += [f"tok/s @{t800}", f"@{t800}/@{t200}"] if t800 else []
     hdr += [
         f"TTFT {prompt_len} s", "steps/TTFT", "of FMA peak", "Python %", "start-up cold / warm s (weights only)",
-        "bound tok/s", "ours/bound",
+        "bound tok/s", "ours/bound", "step/read paired",
         "llama.cpp tok/s", "ours/llama.cpp", f"llama.cpp TTFT {prompt_len} s",
         "PyTorch tok/s", "ours/PyTorch", f"PyTorch TTFT {prompt_len} s"]
     table = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
@@ -461,6 +521,7 @@ def main(argv=None) -> int:
         rate = pick.get(f"tok_s_{t200}")
         rate8 = pick.get(f"tok_s_{t800}") if t800 else None
         local = pick.get(f"tok_s_{t200}_local") or rate      # decode at position t200, for @t800/@t200
+        paired = best(runs, "paired_ratio")
         ttft = best(runs, "ttft_s", lower=True)
         bound = pick["gbps"] * 1e9 / nb if pick else None
         su = startup.get(dt, {})
@@ -471,6 +532,7 @@ def main(argv=None) -> int:
         lp = lrow(LLAMA_TYPE.get(dt), j, f"pp{prompt_len}")
         pt = torch_res.get(j, {})
         r.update(tok_s=rate, tok_s_800=rate8, tok_s_local=local, ttft_s=ttft, weight_bytes=nb, bound=bound,
+                 paired_ratio=paired,
                  llama_tok_s=lt and lt["tok_s"], llama_ttft_s=lp and prompt_len / lp["tok_s"])
         cells = [r["isa"], dt + (" (error)" if errs else ""), str(j), fmt(rate)]
         if t800:
@@ -482,7 +544,7 @@ def main(argv=None) -> int:
         r.update(steps_s=steps_s, prefill_at_peak_s=at_peak)
         cells += [fmt(ttft, ".2f"), ratio(steps_s, ttft, ".1f"), pct(at_peak, ttft),
                   fmt(best(runs, "overhead_pct", lower=True), ".1f"),
-                  start, fmt(bound), pct(rate, bound),
+                  start, fmt(bound), pct(rate, bound), pct(paired, 1.0),
                   f"{fmt(lt and lt['tok_s'])} ({LLAMA_TYPE.get(dt)})" if lt else "–",
                   ratio(rate, lt and lt["tok_s"]), fmt(r["llama_ttft_s"], ".2f"),
                   fmt(pt.get("tok_s")) if dt == "f32" else f"{fmt(pt.get('tok_s'))} (fp32)",
@@ -517,6 +579,10 @@ def main(argv=None) -> int:
               "/ bytes of weight matrices per token; with --repeat, the run with the best ratio to its own bound "
               "is shown ("
               + ", ".join(f"{r['dtype']} {r['weight_bytes'] / 1e6:.0f} MB" for r in _uniq(rows)) + ").",
+              f"- step/read paired: one decode step at position {t200} against one read of the same weight bytes "
+              "with our read kernel on the same thread count, alternating in the row's process (15 pairs, the "
+              "median of read time / step time; the best of the row's runs): the share of the bus a step "
+              "reaches with both under the same load from the machine's neighbours.",
               f"- llama.cpp: {llama_note}; tg128 = `-n 128 -p 0`, TTFT = {prompt_len} / pp{prompt_len} "
               f"(`-n 0 -p {prompt_len}`), same thread count; q8 compares with Q8_0.",
               "- PyTorch: " + ((", ".join(f"-j {j}: {v.get('error') or 'torch ' + v.get('version', '?')}"
