@@ -11,11 +11,12 @@ import signal
 import pytest
 
 
-def run_forked(check) -> None:
-    """Run check() (True: every result right) in a forked child; fail on a signal (a fault: an access
-    outside a buffer) or a nonzero exit code (3: a wrong result, 4: an exception)."""
-    if not hasattr(os, "fork"):
-        pytest.skip("needs fork")
+WHY = {0: "", 3: "wrong result", 4: "Python exception in the child"}     # the child's exit codes
+
+
+def fork_status(check) -> tuple[str | None, int]:
+    """Run check() (True: every result right) in a forked child: (the name of the signal that killed it,
+    or None; its exit code: 0 all right, 3 a wrong result, 4 an exception)."""
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -26,6 +27,16 @@ def run_forked(check) -> None:
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        pytest.fail(f"kernel faulted (signal {signal.Signals(os.WTERMSIG(status)).name}): "
-                    "it read or wrote outside its buffers")
-    assert os.WEXITSTATUS(status) == 0, f"child failed with code {os.WEXITSTATUS(status)} (3: wrong result)"
+        return signal.Signals(os.WTERMSIG(status)).name, -1
+    return None, os.WEXITSTATUS(status)
+
+
+def run_forked(check) -> None:
+    """Run check() in a forked child (fork_status); fail on a signal (a fault: an access outside a
+    buffer) or a nonzero exit code (3: a wrong result, 4: an exception)."""
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    sig, code = fork_status(check)
+    if sig:
+        pytest.fail(f"kernel faulted (signal {sig}): it read or wrote outside its buffers")
+    assert code == 0, f"child failed with code {code} (3: wrong result)"

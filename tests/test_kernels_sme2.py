@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 from arm64_qemu import IS_ARM, qemu_config, qemu_cpu, qemu_svl_bits  # noqa: E402
-from forked import run_forked  # noqa: E402
+from forked import WHY, fork_status, run_forked  # noqa: E402
 # the x86 matvec tests' helpers: the exact fma model, references, guarded buffers, the checker
 from test_kernels_matvec import (DTYPES, TILE, Y_FILL, NativeRunner, PageFenced,  # noqa: E402
                                  contract_ref, random_case, run_and_check, same_bits, tile_weights)
@@ -90,28 +90,21 @@ def _features(lib) -> dict:
 def _child_calls(lib, jobs) -> tuple[bool, str]:
     """Run (dtype, wt, x, b, tb, te) calls in a forked child: (True, "") if all ran and matched the
     contract, else (False, why): a signal's name, "wrong result" or "Python exception in the child"."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for dtype, wt, x, b, tb, te in jobs:
-                y = np.full(wt.shape[0] * TILE, Y_FILL, np.uint32).view(np.float32)
-                getattr(lib, symbol(dtype))(wt.ctypes.data, x.ctypes.data, None if b is None else b.ctypes.data,
-                                            y.ctypes.data, wt.shape[1], tb, te)
-                if not same_bits(y[TILE * tb:TILE * te], contract_ref(wt, x, b, tb, te)).all():
-                    code = 3
-        except BaseException:
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        sig = signal.Signals(os.WTERMSIG(status)).name
+    def check():
+        ok = True
+        for dtype, wt, x, b, tb, te in jobs:
+            y = np.full(wt.shape[0] * TILE, Y_FILL, np.uint32).view(np.float32)
+            getattr(lib, symbol(dtype))(wt.ctypes.data, x.ctypes.data, None if b is None else b.ctypes.data,
+                                        y.ctypes.data, wt.shape[1], tb, te)
+            ok &= bool(same_bits(y[TILE * tb:TILE * te], contract_ref(wt, x, b, tb, te)).all())
+        return ok
+    sig, code = fork_status(check)
+    if sig:
         hint = {"SIGILL": " (an instruction illegal here: in streaming mode without FA64?)",
                 "SIGSEGV": " (read or wrote outside its buffers)", "SIGBUS": " (misaligned access?)",
                 "SIGTRAP": " (brk: unsupported streaming vector length?)"}.get(sig, "")
         return False, f"killed by {sig}{hint}"
-    code = os.WEXITSTATUS(status)
-    return code == 0, {0: "", 3: "wrong result", 4: "Python exception in the child"}.get(code, f"exit {code}")
+    return code == 0, WHY.get(code, f"exit {code}")
 
 
 @pytest.fixture(scope="module")
