@@ -332,6 +332,7 @@ PRO_LN, PRO_EMBED, FL_F16, FL_Q8, EPI_GELU, EPI_RESID, FL_ROWS, FL_KV = 1, 2, 4,
 FL_KV16 = 0x4000              # binary16 caches (bits 8-13 hold the claim shift)
 EPI_ARGMAX = 0x30             # MATVEC: the first maximum of the outputs into per-thread slots
 ARGMAX_CHUNK = 16             # tiles per claim of an ARGMAX job: its outputs are scanned while in cache
+ROWATTN_ROWS = 4              # query rows of one head per attention call of a ROWATTN job (x86), at most
 # u64 slots of a job record (byte offset / 8)
 _J = dict(n=1, chunk=2, w=3, b=4, y=5, n_in=6, x=7, g=8, beta=9, a0=10, a1=11, a2=12, a3=13, a4=14,
           tile_bytes=15, scale=16, ldx=17, ldy=18, ldr=19)
@@ -611,7 +612,7 @@ class Plan:
         if np.may_share_memory(q, out):
             raise InvalidArgumentError("out must not overlap q")
         self._limit_pos(n_ctx)
-        self.priv_s = max(self.priv_s, -(-n_ctx // 16) * 16)
+        self.priv_s = max(self.priv_s, ROWATTN_ROWS * (-(-n_ctx // 16) * 16))     # a score row per query row
         return self._add(KIND_ROWATTN, FL_ROWS | kvflag, H, chunk, f)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, n_pos: int) -> int:

@@ -65,10 +65,14 @@ SIGS = {
     "layernorm": "iiion",
     "attention": "iiiownnnn",
     "attention16": "iiiownnnn",                  # gpt2asm_attention_f16_avx2: k, v binary16
+    "attnrows": "iiiownnnn",                     # gpt2asm_attention_rows_f32_avx2: one head, 1..4 rows
+    "attnrows16": "iiiownnnn",                   # gpt2asm_attention_rows_f16_avx2
 }
 # ops whose symbol is not gpt2asm_<op>_f32_<isa> (only for these ISAs), and the others
 SYMBOLS = {("attention16", "avx2"): "gpt2asm_attention_f16_avx2",
-           ("attention16", "neon"): "gpt2asm_attention_f16_neon"}
+           ("attention16", "neon"): "gpt2asm_attention_f16_neon",
+           ("attnrows", "avx2"): "gpt2asm_attention_rows_f32_avx2",
+           ("attnrows16", "avx2"): "gpt2asm_attention_rows_f16_avx2"}
 F32_OPS = [op for op in SIGS if op not in {o for o, _ in SYMBOLS}]
 
 
@@ -1111,6 +1115,128 @@ def check_attention_f16_extremes(r):
         got, want = attn16(r, q, k16, v16, n_pos, 0, 3)
         assert same_bits(got, want) or np.array_equal(got, want, equal_nan=True), n_pos
         assert_model(got, attention_c(q, k16.astype(F32), v16.astype(F32), n_pos, 0, 3), f"extremes n_pos={n_pos}")
+
+
+# --------------------------------------------------------------------------------------------------
+# several query rows of one head: gpt2asm_attention_rows_{f32,f16}_avx2 (the prefill plan's ROWATTN)
+
+def rows_case(rng, n_pos: int, n_rows: int, n_ctx: int, dt=F32, qscale=0.5):
+    """One head: q [n_rows][ldq], k, v [n_ctx][64] (rows past n_pos + n_rows - 2 NaN: never read)."""
+    ldq = HEAD + int(rng.integers(0, 9))
+    q = (rng.standard_normal((n_rows, ldq)) * qscale).astype(F32)
+    k = rng.standard_normal((n_ctx, HEAD)).astype(dt)
+    v = rng.standard_normal((n_ctx, HEAD)).astype(dt)
+    k[n_pos + n_rows - 1:] = np.nan
+    v[n_pos + n_rows - 1:] = np.nan
+    return q, k, v
+
+
+def rows_scratch(n_pos: int, n_rows: int) -> int:
+    return n_rows * (-(-(n_pos + n_rows - 1) // 16) * 16)
+
+
+def attn_rows(r, q, k, v, n_pos, n_rows, ldo=None):
+    """gpt2asm_attention_rows of runner r (guarded, misaligned buffers): the n_rows output rows; the
+    floats between rows (ldo > 64) must stay untouched."""
+    op = "attnrows" if k.dtype == F32 else "attnrows16"
+    ldo = ldo or HEAD + 3
+    out = np.full((max(n_rows, 1), ldo), OUT_FILL, F32)
+    scratch = np.full(max(rows_scratch(n_pos, n_rows), 1), OUT_FILL, F32)
+    r(op, q, k, v, out, scratch, n_pos, n_rows, q.shape[1], ldo)
+    assert same_bits(out[:, HEAD:], np.full(out[:, HEAD:].shape, OUT_FILL, F32)), "wrote between rows"
+    return out[:, :HEAD]
+
+
+def rows_model(q, k, v, n_pos, r):
+    """Row r by the contract: gpt2asm_attention_f32 of q[r] over the first n_pos + r (widened) rows."""
+    return attention_c(q[r, :HEAD], k.astype(F32)[None], v.astype(F32)[None], n_pos + r, 0, 1)
+
+
+@pytest.mark.parametrize("dt", [F32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("n_pos", [1, 2, 3, 4, 5, 15, 16, 17, 31, 33, 64, 100, 257])
+def test_attention_rows_are_single_rows(dt, n_pos):
+    """Every row r < n_rows (1..4) is bit for bit the single-row kernel over n_pos + r positions (the
+    contract model; f16: on the widened rows) and within its float64 bound; the kernel reads no cache
+    row past n_pos + n_rows - 2 (NaN there) and writes only its rows and R rows of scratch."""
+    r = runner("avx2")
+    rng = np.random.default_rng(n_pos * 7 + (dt == F32))
+    for n_rows in (1, 2, 3, 4):
+        n_ctx = n_pos + n_rows - 1 + int(rng.integers(0, 4))
+        q, k, v = rows_case(rng, n_pos, n_rows, n_ctx, dt)
+        got = attn_rows(r, q, k, v, n_pos, n_rows)
+        kw, vw = k.astype(F32), v.astype(F32)
+        for i in range(n_rows):
+            exp = rows_model(q, k, v, n_pos, i)
+            assert_model(got[i], exp, f"rows n_pos={n_pos} n_rows={n_rows} row {i}")
+            single = attn(r, q[i, :HEAD].copy(), kw[None], vw[None], n_pos + i, 0, 1)
+            assert same_bits(got[i], single)
+            ref = attention64(q[i, :HEAD], kw[None], vw[None], n_pos + i, 0, 1)
+            assert np.all(np.abs(got[i] - ref) <= attn_bound(q[i, :HEAD], kw[None], vw[None], n_pos + i, 0, 1))
+
+
+def test_attention_rows_count_outside_1_to_4_does_nothing():
+    r = runner("avx2")
+    rng = np.random.default_rng(4)
+    q, k, v = rows_case(rng, 9, 4, 16)
+    for n_rows in (0, 5, 1 << 40):
+        out = np.full((4, HEAD), OUT_FILL, F32)
+        scratch = np.full(64, OUT_FILL, F32)
+        r("attnrows", q, k, v, out, scratch, 9, n_rows, q.shape[1], HEAD)
+        assert same_bits(out, np.full(out.shape, OUT_FILL, F32)) and same_bits(scratch, np.full(64, OUT_FILL, F32))
+
+
+@pytest.mark.parametrize("dt", [F32, np.float16], ids=["f32", "f16"])
+def test_attention_rows_extremes(dt):
+    """Sharp scores (row r's output is exactly one value row), q = 0 (the mean of the values), large
+    scores, and an infinite value in a row only the last query row reaches (NaN / inf there alone)."""
+    r = runner("avx2")
+    rng = np.random.default_rng(8)
+    n_pos, n_rows = 21, 4
+    q, k, v = rows_case(rng, n_pos, n_rows, n_pos + 3, dt)
+    for i in range(n_rows):                          # row i: key 2i + 1 aligned with q[i], scaled up
+        k[2 * i + 1] = (q[i, :HEAD] * 100).astype(dt)
+    got = attn_rows(r, q, k, v, n_pos, n_rows)
+    for i in range(n_rows):
+        assert_model(got[i], rows_model(q, k, v, n_pos, i), f"sharp row {i}")
+    q2 = q * F32(30)
+    got = attn_rows(r, q2, k, v, n_pos, n_rows)
+    for i in range(n_rows):
+        assert_model(got[i], rows_model(q2, k, v, n_pos, i), f"large row {i}")
+    q0 = np.zeros_like(q)
+    v[n_pos + n_rows - 2, 5] = np.inf                # only the last row's range includes it
+    got = attn_rows(r, q0, k, v, n_pos, n_rows)
+    for i in range(n_rows):
+        assert_model(got[i], rows_model(q0, k, v, n_pos, i), f"q = 0 row {i}")
+    assert np.isfinite(got[:n_rows - 1]).all() and not np.isfinite(got[n_rows - 1, 5])
+
+
+def test_attention_rows_page_guards():
+    """Natively, in a forked child: q, k, v, out and scratch each butting against a PROT_NONE page on
+    one side, then the other (k, v end with row n_pos + n_rows - 2, scratch is exactly n_rows rows)."""
+    if "avx2" not in native_isas():
+        pytest.skip("needs AVX2")
+    lib = load_lib()
+    rng = np.random.default_rng(19)
+    jobs = []
+    for dt, name in ((F32, "gpt2asm_attention_rows_f32_avx2"), (np.float16, "gpt2asm_attention_rows_f16_avx2")):
+        for n_pos in (1, 2, 7, 16, 17, 40):
+            for n_rows in (1, 2, 3, 4):
+                q, k, v = rows_case(rng, n_pos, n_rows, n_pos + n_rows - 1, dt)
+                q = np.ascontiguousarray(q[:, :HEAD])
+                exp = np.stack([rows_model(q, k, v, n_pos, i) for i in range(n_rows)])
+                args = (q, k, v, np.zeros((n_rows, HEAD), F32), np.zeros(rows_scratch(n_pos, n_rows), F32),
+                        n_pos, n_rows, HEAD, HEAD)
+                jobs.append((name, args, exp))
+
+    def child() -> bool:
+        ok = True
+        for name, args, exp in jobs:
+            for at_end in (True, False):
+                fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
+                getattr(lib, name)(*[f if isinstance(f, int) else f.addr for f in fenced])
+                ok &= bool(model_equal(fenced[3].get().reshape(exp.shape), exp).all())
+        return ok
+    run_forked(child)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -85,6 +85,16 @@
         dotpos_avx2 \es, 1, \p1, \d1
         dotpos_avx2 \es, 2, \p2, \d2
         dotpos_avx2 \es, 3, \p3, \d3
+        tree4_avx2
+        .endm
+
+/*
+ * tree4_avx2
+ *   xmm0 = { (a_i[0] + a_i[2]) + (a_i[1] + a_i[3]) : i = 0..3 } * 0.125f for the 4 partial sums a_i in
+ *   xmm0-3 (the w = 2 and w = 1 steps of the hsum16 tree of 4 dot products, then the scale; r11 =
+ *   math_avx2).  Clobbers xmm2, xmm4, xmm5.
+ */
+        .macro  tree4_avx2
         vshufps     $0x44, %xmm1, %xmm0, %xmm4      // r0[0] r0[1] r1[0] r1[1]
         vshufps     $0xEE, %xmm1, %xmm0, %xmm5      // r0[2] r0[3] r1[2] r1[3]
         vaddps      %xmm5, %xmm4, %xmm0             // w = 2 (positions 0, 1)
@@ -365,3 +375,285 @@ endfunc
 
         attention_avx2 gpt2asm_attention_f32_avx2, 4
         attention_avx2 gpt2asm_attention_f16_avx2, 2
+
+/* ---------------------------------------------------------------------------------------------- */
+
+/*
+ * void gpt2asm_attention_rows_f32_avx2(const float *q, const float *k, const float *v, float *out,
+ *                                      float *scratch, size_t n_pos, size_t n_rows, size_t ldq,
+ *                                      size_t ldo);
+ * void gpt2asm_attention_rows_f16_avx2(const float *q, const uint16_t *k, const uint16_t *v,
+ *                                      float *out, float *scratch, size_t n_pos, size_t n_rows,
+ *                                      size_t ldq, size_t ldo);                (binary16 cache, F16C)
+ *
+ *   One head, n_rows (1..4) consecutive query rows of a prompt, row r over positions 0 .. n_pos+r-1:
+ *     for r < n_rows:  out + r ldo = gpt2asm_attention_f32(q + r ldq, k, v, ., ., n_pos + r, ., 0, 1)
+ *   bit for bit (k, v: the head's cache rows, 64 elements each; q, out: the head's 64 floats of each
+ *   row, ldq / ldo floats apart).  scratch: n_rows rows of S = roundup16(n_pos + n_rows - 1) floats.
+ *   Reads cache rows 0 .. n_pos + n_rows - 2.  n_pos >= 1; n_rows outside 1..4 does nothing.
+ *
+ * The rows share every cache row they have in common, read (and, binary16, widened) once:
+ *   scores: per position t < n_pos + n_rows - 1, k_t in ymm8-15, then each row's dot64 with its q
+ *           from memory (the operands in the roles of dotpos_avx2: q * k + acc), the 4 rows' hsum16
+ *           trees transposed as dot4_avx2 does for 4 positions (tree4_avx2), one score per row;
+ *           a row's scores past its own n_pos + r are computed and never read;
+ *   softmax of each row (n_pos + r entries);
+ *   p.V:    per quarter of the 64 outputs, the 4 rows' 16 sums in ymm0-7 for the whole pass: positions
+ *           t < n_pos for every row, then t = n_pos + j for the rows r > j only.
+ * Rows past n_rows repeat the last one (the same operands, so the same values, stored twice).
+ */
+#define RL_OUT       0                              /* out (row 0)                          */
+#define RL_V         8                              /* v                                    */
+#define RL_NMAX     16                              /* n_pos + n_rows - 1                   */
+#define RL_R        24                              /* n_rows                               */
+#define RL_O1       32                              /* rows 1-3: byte offsets of out        */
+#define RL_O2       40
+#define RL_O3       48
+#define RL_S1       56                              /* rows 1-3: byte offsets of scratch    */
+#define RL_S2       64
+#define RL_S3       72
+#define RL_CNT      80                              /* softmax rows / quarters left         */
+#define RL_LOC      88
+#define RA_ROWS     (RL_LOC + 56)                   /* stack arguments                      */
+#define RA_LDQ      (RL_LOC + 64)
+#define RA_LDO      (RL_LOC + 72)
+
+/*
+ * dotrow r, qp
+ *   xmm\r = lanes s[0..3] of dot64(q, k_t) after the w = 8 and w = 4 steps of the hsum16 tree, for the
+ *   64 floats of q at (\qp) and k_t in ymm8-15 (elements 0-7, 8-15, ..., 56-63); the operations of
+ *   dotpos_avx2.  Clobbers ymm4-7.
+ */
+        .macro  dotrow r, qp
+        vxorps      %ymm4, %ymm4, %ymm4
+        vxorps      %ymm5, %ymm5, %ymm5
+        vmovups       0(\qp), %ymm6
+        vmovups      32(\qp), %ymm7
+        vfmadd231ps %ymm8,  %ymm6, %ymm4            // c = 0, lanes 0-7
+        vfmadd231ps %ymm9,  %ymm7, %ymm5            // c = 0, lanes 8-15
+        vmovups      64(\qp), %ymm6
+        vmovups      96(\qp), %ymm7
+        vfmadd231ps %ymm10, %ymm6, %ymm4            // c = 1
+        vfmadd231ps %ymm11, %ymm7, %ymm5
+        vmovups     128(\qp), %ymm6
+        vmovups     160(\qp), %ymm7
+        vfmadd231ps %ymm12, %ymm6, %ymm4            // c = 2
+        vfmadd231ps %ymm13, %ymm7, %ymm5
+        vmovups     192(\qp), %ymm6
+        vmovups     224(\qp), %ymm7
+        vfmadd231ps %ymm14, %ymm6, %ymm4            // c = 3
+        vfmadd231ps %ymm15, %ymm7, %ymm5
+        vaddps      %ymm5, %ymm4, %ymm4             // w = 8
+        vextractf128 $1, %ymm4, %xmm5
+        vaddps      %xmm5, %xmm4, %xmm\r            // w = 4
+        .endm
+
+/*
+ * pvq es, first
+ *   o_r = fma(p_r[t], v_t, o_r) for the rows r = first .. 3 and the 16 outputs of the quarter: v_t's
+ *   16 elements at (%rsi) into ymm12-13 (widened if binary16), p_r[t] at (%rax) + (0, r10, r12, r13),
+ *   o_r in ymm(2r), ymm(2r+1).  Clobbers ymm8-13.
+ */
+        .macro  pvfma p, a0, a1
+        vfmadd231ps %ymm12, %ymm\p, %ymm\a0
+        vfmadd231ps %ymm13, %ymm\p, %ymm\a1
+        .endm
+
+        .macro  pvq es, first
+        .if \es == 4
+        vmovups       (%rsi), %ymm12
+        vmovups     32(%rsi), %ymm13
+        .else
+        vcvtph2ps     (%rsi), %ymm12
+        vcvtph2ps   16(%rsi), %ymm13
+        .endif
+        .if \first == 0
+        vbroadcastss (%rax), %ymm8
+        pvfma       8, 0, 1
+        .endif
+        .if \first <= 1
+        vbroadcastss (%rax,%r10), %ymm9
+        pvfma       9, 2, 3
+        .endif
+        .if \first <= 2
+        vbroadcastss (%rax,%r12), %ymm10
+        pvfma       10, 4, 5
+        .endif
+        vbroadcastss (%rax,%r13), %ymm11
+        pvfma       11, 6, 7
+        .endm
+
+        /* registers: scores: rdi / rcx / rbx / rbp q of rows 0-3, rsi k_t, rax scratch column t,
+         * r10 / r12 / r13 scratch offsets of rows 1-3, r14 scratch row stride (bytes), r15 positions
+         * left, r8 scratch, r9 n_pos, r11 math_avx2; p.V: rdx v quarter, rsi v_t quarter, rax p column,
+         * rdi out quarter (row 0) */
+        .macro  attention_rows_avx2 name, es
+function \name
+        pushq       %rbx
+        pushq       %rbp
+        pushq       %r12
+        pushq       %r13
+        pushq       %r14
+        pushq       %r15
+        subq        $RL_LOC, %rsp
+        movq        RA_ROWS(%rsp), %rax
+        leaq        -1(%rax), %r10                  // R - 1
+        cmpq        $3, %r10
+        ja          9f                              // n_rows outside 1..4
+        movrel      %r11, math_avx2
+        movq        %rcx, RL_OUT(%rsp)
+        movq        %rdx, RL_V(%rsp)
+        movq        %rax, RL_R(%rsp)
+        leaq        (%r9,%r10), %r15                // nmax = n_pos + R - 1
+        movq        %r15, RL_NMAX(%rsp)
+        leaq        15(%r15), %r14
+        andq        $-16, %r14
+        shlq        $2, %r14                        // scratch row stride: 4 roundup16(nmax)
+        movl        $1, %ecx                        // row r -> row min(r, R - 1)
+        cmpq        %rcx, %r10
+        cmovbq      %r10, %rcx
+        movl        $2, %ebx
+        cmpq        %rbx, %r10
+        cmovbq      %r10, %rbx
+        movl        $3, %ebp
+        cmpq        %rbp, %r10
+        cmovbq      %r10, %rbp
+        movq        RA_LDO(%rsp), %rdx
+        shlq        $2, %rdx                        // ldo bytes
+        movq        %rcx, %rax
+        imulq       %rdx, %rax
+        movq        %rax, RL_O1(%rsp)
+        movq        %rbx, %rax
+        imulq       %rdx, %rax
+        movq        %rax, RL_O2(%rsp)
+        movq        %rbp, %rax
+        imulq       %rdx, %rax
+        movq        %rax, RL_O3(%rsp)
+        movq        %rcx, %r10
+        imulq       %r14, %r10
+        movq        %r10, RL_S1(%rsp)
+        movq        %rbx, %r12
+        imulq       %r14, %r12
+        movq        %r12, RL_S2(%rsp)
+        movq        %rbp, %r13
+        imulq       %r14, %r13
+        movq        %r13, RL_S3(%rsp)
+        movq        RA_LDQ(%rsp), %rax
+        shlq        $2, %rax                        // ldq bytes
+        imulq       %rax, %rcx
+        addq        %rdi, %rcx                      // q rows 1-3
+        imulq       %rax, %rbx
+        addq        %rdi, %rbx
+        imulq       %rax, %rbp
+        addq        %rdi, %rbp
+
+        /* scores of every row at positions 0 .. nmax - 1 */
+        movq        %r8, %rax
+1:
+        .if \es == 4
+        ld64        %rsi, 0, 8, 9, 10, 11, 12, 13, 14, 15
+        .else
+        vcvtph2ps     (%rsi), %ymm8
+        vcvtph2ps   16(%rsi), %ymm9
+        vcvtph2ps   32(%rsi), %ymm10
+        vcvtph2ps   48(%rsi), %ymm11
+        vcvtph2ps   64(%rsi), %ymm12
+        vcvtph2ps   80(%rsi), %ymm13
+        vcvtph2ps   96(%rsi), %ymm14
+        vcvtph2ps  112(%rsi), %ymm15
+        .endif
+        dotrow      0, %rdi
+        dotrow      1, %rcx
+        dotrow      2, %rbx
+        dotrow      3, %rbp
+        tree4_avx2
+        vmovss      %xmm0, (%rax)
+        vextractps  $1, %xmm0, (%rax,%r10)
+        vextractps  $2, %xmm0, (%rax,%r12)
+        vextractps  $3, %xmm0, (%rax,%r13)
+        addq        $4, %rax
+        addq        $64*\es, %rsi
+        decq        %r15
+        jnz         1b
+
+        /* p = softmax(s) of row r over its n_pos + r scores, in place */
+        movq        %r8, %rbx
+        movq        %r9, %r15
+        movq        RL_R(%rsp), %rax
+        movq        %rax, RL_CNT(%rsp)
+2:
+        softmax_avx2 %rbx, %rbx, %r15, %r11, %rax, %r10, %rcx
+        addq        %r14, %rbx
+        incq        %r15
+        decq        RL_CNT(%rsp)
+        jnz         2b
+
+        /* o = sum_t p_t v_t, a quarter of the outputs (16) per pass */
+        movq        RL_S1(%rsp), %r10
+        movq        RL_S2(%rsp), %r12
+        movq        RL_S3(%rsp), %r13
+        movq        RL_V(%rsp), %rdx
+        movq        RL_OUT(%rsp), %rdi
+        movq        $4, RL_CNT(%rsp)
+3:
+        vxorps      %ymm0, %ymm0, %ymm0
+        vxorps      %ymm1, %ymm1, %ymm1
+        vxorps      %ymm2, %ymm2, %ymm2
+        vxorps      %ymm3, %ymm3, %ymm3
+        vxorps      %ymm4, %ymm4, %ymm4
+        vxorps      %ymm5, %ymm5, %ymm5
+        vxorps      %ymm6, %ymm6, %ymm6
+        vxorps      %ymm7, %ymm7, %ymm7
+        movq        %rdx, %rsi
+        movq        %r8, %rax
+        movq        %r9, %r15
+4:                                                  // t < n_pos: every row
+        pvq         \es, 0
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        decq        %r15
+        jnz         4b
+        cmpq        $2, RL_R(%rsp)                  // t = n_pos + j: rows j+1 .. 3
+        jb          5f
+        pvq         \es, 1
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        cmpq        $3, RL_R(%rsp)
+        jb          5f
+        pvq         \es, 2
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        cmpq        $4, RL_R(%rsp)
+        jb          5f
+        pvq         \es, 3
+5:
+        movq        RL_O1(%rsp), %rcx
+        movq        RL_O2(%rsp), %rbx
+        movq        RL_O3(%rsp), %rbp
+        vmovups     %ymm0,   (%rdi)
+        vmovups     %ymm1, 32(%rdi)
+        vmovups     %ymm2,   (%rdi,%rcx)
+        vmovups     %ymm3, 32(%rdi,%rcx)
+        vmovups     %ymm4,   (%rdi,%rbx)
+        vmovups     %ymm5, 32(%rdi,%rbx)
+        vmovups     %ymm6,   (%rdi,%rbp)
+        vmovups     %ymm7, 32(%rdi,%rbp)
+        addq        $16*\es, %rdx                   // the next quarter
+        addq        $64, %rdi
+        decq        RL_CNT(%rsp)
+        jnz         3b
+9:
+        addq        $RL_LOC, %rsp
+        popq        %r15
+        popq        %r14
+        popq        %r13
+        popq        %r12
+        popq        %rbp
+        popq        %rbx
+        vzeroupper
+        ret
+endfunc
+        .endm
+
+        attention_rows_avx2 gpt2asm_attention_rows_f32_avx2, 4
+        attention_rows_avx2 gpt2asm_attention_rows_f16_avx2, 2

@@ -118,6 +118,7 @@
                                        of a0 (greedy sampling on outputs still in cache; see below)  */
 #define FL_ROWS             0x40    /* items = J_N * PL_NTOK (ROWLN, ROWATTN)                         */
 #define FL_KV               0x80    /* MATMUL of c_attn: tiles [H, 3H) into the k / v caches          */
+#define ROWATTN_ROWS        4       /* ROWATTN: query rows per gpt2asm_attention_rows call (kernels.py) */
 #define FL_KV16             0x4000  /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
                                        halves; J_A3 counts elements); bits 8-13 are the claim shift   */
 
@@ -130,6 +131,7 @@
         .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512, gpt2asm_matvec_q8_avx512
         .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512, gpt2asm_matmul_q8_avx512
         .protected gpt2asm_attention_f16_avx2, gpt2asm_argmax_f32_avx2, gpt2asm_argmax_f32_avx512
+        .protected gpt2asm_attention_rows_f32_avx2, gpt2asm_attention_rows_f16_avx2
 #endif
 
         .macro  xcall name
@@ -893,7 +895,10 @@ plan_jobs_\isa:
         /* ---- ROWATTN (items i < H * PL_NTOK): head h = i / PL_NTOK, row t = PL_NTOK - 1 - i % PL_NTOK
          * (each head's longest rows first, one head's cache rows reused by consecutive items):
          * attention of head h of query row t (J_Y + t ldx) over positions 0 .. pos + t into out row t
-         * (J_A2 + t ldy) */
+         * (J_A2 + t ldy).  4 consecutive items of one claim and one head (rows t-3 .. t) are one
+         * gpt2asm_attention_rows call (both families: AVX2 code, the same bits), which reads the cache
+         * rows the 4 rows share once; with fewer such items left, one row per call (a rows call costs
+         * the same for 1 to 4 rows, about 3.2 single-row calls). */
 .Lrowattn_\isa:
         claim   .Lbarrier_\isa
         movq    F_T0(%rsp), %rax
@@ -903,8 +908,55 @@ plan_jobs_\isa:
         xorl    %edx, %edx
         divq    PL_NTOK(%r13)                   /* rax = h, rdx = i mod n_tok */
         movq    PL_NTOK(%r13), %r11
-        subq    %rdx, %r11
-        decq    %r11                            /* t */
+        subq    %rdx, %r11                      /* t + 1 */
+        movq    F_T1(%rsp), %r10
+        subq    F_H(%rsp), %r10                 /* items left in the claim */
+        cmpq    %r11, %r10
+        cmovaq  %r11, %r10
+        cmpq    $ROWATTN_ROWS, %r10
+        jb      .Lra_one_\isa                   /* fewer than 4 such items: one row at a time */
+        movl    $ROWATTN_ROWS, %r10d            /* R = 4 */
+        addq    %r10, F_H(%rsp)
+        movq    %r10, 0(%rsp)                   /* n_rows */
+        subq    %r10, %r11                      /* the first row: t - 3 */
+        movq    J_LDX(%r14), %rdi
+        movq    %rdi, 8(%rsp)                   /* ldq */
+        imulq   %r11, %rdi
+        movq    J_LDY(%r14), %rcx
+        movq    %rcx, 16(%rsp)                  /* ldo */
+        imulq   %r11, %rcx
+        movq    %rax, %rdx
+        shlq    $6, %rdx                        /* 64 h */
+        addq    %rdx, %rdi
+        addq    %rdx, %rcx
+        shlq    $2, %rdi
+        addq    J_Y(%r14), %rdi                 /* q of the first row, head h */
+        shlq    $2, %rcx
+        addq    J_A2(%r14), %rcx                /* out of the first row, head h */
+        imulq   J_A3(%r14), %rax                /* h * head_stride (elements) */
+        movq    PL_POS(%r13), %r9
+        leaq    1(%r9,%r11), %r9                /* n_pos of the first row: pos + t - 2 */
+        movq    %rbx, %r8
+        addq    PL_S_OFF(%r13), %r8             /* scratch */
+        testl   $FL_KV16, J_FLAGS(%r14)
+        jnz     1f
+        shlq    $2, %rax
+        movq    J_A0(%r14), %rsi
+        addq    %rax, %rsi                      /* k_h */
+        movq    J_A1(%r14), %rdx
+        addq    %rax, %rdx                      /* v_h */
+        xcall   gpt2asm_attention_rows_f32_avx2
+        jmp     2f
+1:      addq    %rax, %rax
+        movq    J_A0(%r14), %rsi
+        addq    %rax, %rsi
+        movq    J_A1(%r14), %rdx
+        addq    %rax, %rdx
+        xcall   gpt2asm_attention_rows_f16_avx2
+        jmp     2f
+.Lra_one_\isa:                                  /* the single-row kernel: head h, row t = r11 - 1 */
+        incq    F_H(%rsp)
+        decq    %r11
         movq    %rax, 8(%rsp)                   /* head_begin */
         incq    %rax
         movq    %rax, 16(%rsp)                  /* head_end */
@@ -925,9 +977,7 @@ plan_jobs_\isa:
         movq    PL_POS(%r13), %r9
         leaq    1(%r9,%r11), %r9                /* n_pos = pos + t + 1 */
         att_call \isa
-        movq    F_H(%rsp), %rax
-        incq    %rax
-        movq    %rax, F_H(%rsp)
+2:      movq    F_H(%rsp), %rax
         cmpq    F_T1(%rsp), %rax
         jb      .Lra_item_\isa
         jmp     .Lrowattn_\isa
