@@ -1759,6 +1759,26 @@ def bench(min_time: float = 0.3) -> None:
             line += f"{ns:18.0f}{max(ns - empty, 0) / units:9.3f}"
         print(line)
     print("(attention ns/elem = per head and position; AVX-512 is only benchmarked on a CPU that has it)")
+    if "avx2" in have:                       # the prefill's rows: one head, its cache in L2
+        print("prefill attention, one head, 4 consecutive query rows: 4 single-row calls against one "
+              "gpt2asm_attention_rows call (ns per row and position; the same loop of ctypes calls of "
+              "expf with n = 0 subtracted)")
+
+        def calls(fn, arglists):
+            def go():
+                for a in arglists:
+                    fn(*a)
+            return go
+        nop4 = min(timeit(calls(nop[0], [nop[1]] * 4), ()) for _ in range(3))
+        for dt, sfx in ((F32, "f32"), (np.float16, "f16")):
+            single, rows = (getattr(lib, f"gpt2asm_attention{m}_{sfx}_avx2") for m in ("", "_rows"))
+            for n_pos in (256, 512):
+                kh, vh = (buf(rng.standard_normal((n_pos + 3, HEAD)).astype(dt)) for _ in range(2))
+                q, out, scr = elem(4 * HEAD), elem(4 * HEAD), elem(4 * (n_pos + 16))
+                one = [(q + 4 * HEAD * r, kh, vh, out + 4 * HEAD * r, scr, n_pos + r, 0, 0, 1) for r in range(4)]
+                t1 = (timeit(calls(single, one), ()) - nop4) / (4 * n_pos)
+                t4 = (timeit(rows, (q, kh, vh, out, scr, n_pos, 4, HEAD, HEAD)) - empty) / (4 * n_pos)
+                print(f"  {sfx} n_pos={n_pos}: single rows {t1:.2f}, 4-row calls {t4:.2f} ({t1 / t4:.2f}x)")
     for isa in sorted(have):
         x = np.concatenate([np.linspace(-104, 89, 4_000_000).astype(F32), float_range(80.0, 89.0),
                             float_range(-104.0, -86.0), float_range(0.25, 1.0), float_range(-1.0, -0.25)])
