@@ -12,6 +12,8 @@
  *   const NAME, ALIGN    starts a read-only constant block (ALIGN is a power-of-two exponent).
  *   endconst             closes it.
  *   movrel REG, NAME     loads the address of a constant block, RIP-relative (position independent).
+ *   vzero R, RS...       zeroes ymmR, ymmRS... (+0.0: one vxorps each; register numbers).
+ *   push_callee          pushes the callee-saved rbx, rbp, r12-r15 (48 bytes); pop_callee pops them.
  *
  * Symbols are named gpt2asm_<op>_<dtype>_<isa>; docs/kernels.md documents each one.
  */
@@ -77,5 +79,30 @@ L_\name:
         .section .note.GNU-stack, "", @progbits
         .text
 #endif
+
+        .macro  push_callee
+        pushq   %rbx
+        pushq   %rbp
+        pushq   %r12
+        pushq   %r13
+        pushq   %r14
+        pushq   %r15
+        .endm
+
+        .macro  pop_callee
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbp
+        popq    %rbx
+        .endm
+
+        .macro  vzero r, rs:vararg
+        vxorps  %ymm\r, %ymm\r, %ymm\r
+        .ifnb \rs
+        vzero   \rs
+        .endif
+        .endm
 
 #endif /* GPT2ASM_X86_ASM_S */

@@ -247,12 +247,7 @@
          * rcx out_h (p.V), r10 heads left */
         .macro  attention_avx2 name, es
 function \name
-        pushq       %rbx
-        pushq       %rbp
-        pushq       %r12
-        pushq       %r13
-        pushq       %r14
-        pushq       %r15
+        push_callee
         subq        $A_LOC, %rsp
         movq        A_STRIDE(%rsp), %r12
         shlq        $(\es/2), %r12                  // head stride in bytes
@@ -362,12 +357,7 @@ function \name
         jne         1b
 9:
         addq        $A_LOC, %rsp
-        popq        %r15
-        popq        %r14
-        popq        %r13
-        popq        %r12
-        popq        %rbp
-        popq        %rbx
+        pop_callee
         vzeroupper
         ret
 endfunc
@@ -483,18 +473,27 @@ endfunc
         pvfma       11, 6, 7
         .endm
 
+        /* \dst = min(\r, R - 1), R - 1 in r10 */
+        .macro  rowidx r, dst
+        movq        $\r, \dst
+        cmpq        \dst, %r10
+        cmovbq      %r10, \dst
+        .endm
+
+        /* \tmp = \slot(%rsp) = \idx * \bytes */
+        .macro  rowoff idx, bytes, tmp, slot
+        movq        \idx, \tmp
+        imulq       \bytes, \tmp
+        movq        \tmp, \slot(%rsp)
+        .endm
+
         /* registers: scores: rdi / rcx / rbx / rbp q of rows 0-3, rsi k_t, rax scratch column t,
          * r10 / r12 / r13 scratch offsets of rows 1-3, r14 scratch row stride (bytes), r15 positions
          * left, r8 scratch, r9 n_pos, r11 math_avx2; p.V: rdx v quarter, rsi v_t quarter, rax p column,
          * rdi out quarter (row 0) */
         .macro  attention_rows_avx2 name, es
 function \name
-        pushq       %rbx
-        pushq       %rbp
-        pushq       %r12
-        pushq       %r13
-        pushq       %r14
-        pushq       %r15
+        push_callee
         subq        $RL_LOC, %rsp
         movq        RA_ROWS(%rsp), %rax
         leaq        -1(%rax), %r10                  // R - 1
@@ -509,35 +508,17 @@ function \name
         leaq        15(%r15), %r14
         andq        $-16, %r14
         shlq        $2, %r14                        // scratch row stride: 4 roundup16(nmax)
-        movl        $1, %ecx                        // row r -> row min(r, R - 1)
-        cmpq        %rcx, %r10
-        cmovbq      %r10, %rcx
-        movl        $2, %ebx
-        cmpq        %rbx, %r10
-        cmovbq      %r10, %rbx
-        movl        $3, %ebp
-        cmpq        %rbp, %r10
-        cmovbq      %r10, %rbp
+        rowidx      1, %rcx                         // rows 1-3 -> rows min(r, R - 1)
+        rowidx      2, %rbx
+        rowidx      3, %rbp
         movq        RA_LDO(%rsp), %rdx
         shlq        $2, %rdx                        // ldo bytes
-        movq        %rcx, %rax
-        imulq       %rdx, %rax
-        movq        %rax, RL_O1(%rsp)
-        movq        %rbx, %rax
-        imulq       %rdx, %rax
-        movq        %rax, RL_O2(%rsp)
-        movq        %rbp, %rax
-        imulq       %rdx, %rax
-        movq        %rax, RL_O3(%rsp)
-        movq        %rcx, %r10
-        imulq       %r14, %r10
-        movq        %r10, RL_S1(%rsp)
-        movq        %rbx, %r12
-        imulq       %r14, %r12
-        movq        %r12, RL_S2(%rsp)
-        movq        %rbp, %r13
-        imulq       %r14, %r13
-        movq        %r13, RL_S3(%rsp)
+        rowoff      %rcx, %rdx, %rax, RL_O1
+        rowoff      %rbx, %rdx, %rax, RL_O2
+        rowoff      %rbp, %rdx, %rax, RL_O3
+        rowoff      %rcx, %r14, %r10, RL_S1         // (kept in r10, r12, r13 for the scores)
+        rowoff      %rbx, %r14, %r12, RL_S2
+        rowoff      %rbp, %r14, %r13, RL_S3
         movq        RA_LDQ(%rsp), %rax
         shlq        $2, %rax                        // ldq bytes
         imulq       %rax, %rcx
@@ -596,14 +577,7 @@ function \name
         movq        RL_OUT(%rsp), %rdi
         movq        $4, RL_CNT(%rsp)
 3:
-        vxorps      %ymm0, %ymm0, %ymm0
-        vxorps      %ymm1, %ymm1, %ymm1
-        vxorps      %ymm2, %ymm2, %ymm2
-        vxorps      %ymm3, %ymm3, %ymm3
-        vxorps      %ymm4, %ymm4, %ymm4
-        vxorps      %ymm5, %ymm5, %ymm5
-        vxorps      %ymm6, %ymm6, %ymm6
-        vxorps      %ymm7, %ymm7, %ymm7
+        vzero       0, 1, 2, 3, 4, 5, 6, 7
         movq        %rdx, %rsi
         movq        %r8, %rax
         movq        %r9, %r15
@@ -644,12 +618,7 @@ function \name
         jnz         3b
 9:
         addq        $RL_LOC, %rsp
-        popq        %r15
-        popq        %r14
-        popq        %r13
-        popq        %r12
-        popq        %rbp
-        popq        %rbx
+        pop_callee
         vzeroupper
         ret
 endfunc

@@ -91,12 +91,7 @@
  *   operations allow.  Not measured on AVX-512 hardware.)
  */
 function gpt2asm_attention_f32_avx512
-        pushq       %rbx
-        pushq       %rbp
-        pushq       %r12
-        pushq       %r13
-        pushq       %r14
-        pushq       %r15
+        push_callee
         pushq       %rcx                            // out, reloaded per head
         movq        64(%rsp), %r12
         shlq        $2, %r12                        // head stride in bytes
@@ -226,12 +221,7 @@ function gpt2asm_attention_f32_avx512
         jb          1b
 9:
         popq        %rcx
-        popq        %r15
-        popq        %r14
-        popq        %r13
-        popq        %r12
-        popq        %rbp
-        popq        %rbx
+        pop_callee
         vzeroupper
         ret
 endfunc

@@ -17,18 +17,7 @@
  *   rdi  iterations left       ymm0-11  the 12 chains       ymm12  1.0f
  */
 function gpt2asm_fmapeak_f32_avx2
-        vxorps  %ymm0, %ymm0, %ymm0
-        vxorps  %ymm1, %ymm1, %ymm1
-        vxorps  %ymm2, %ymm2, %ymm2
-        vxorps  %ymm3, %ymm3, %ymm3
-        vxorps  %ymm4, %ymm4, %ymm4
-        vxorps  %ymm5, %ymm5, %ymm5
-        vxorps  %ymm6, %ymm6, %ymm6
-        vxorps  %ymm7, %ymm7, %ymm7
-        vxorps  %ymm8, %ymm8, %ymm8
-        vxorps  %ymm9, %ymm9, %ymm9
-        vxorps  %ymm10, %ymm10, %ymm10
-        vxorps  %ymm11, %ymm11, %ymm11
+        vzero   0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
         movl    $0x3f800000, %eax               // 1.0f
         vmovd   %eax, %xmm12
         vbroadcastss %xmm12, %ymm12

@@ -26,12 +26,7 @@
 
         /* the whole kernel; \dt selects the weight type */
         .macro  matmul_body dt
-        pushq   %rbx
-        pushq   %rbp
-        pushq   %r12
-        pushq   %r13
-        pushq   %r14
-        pushq   %r15
+        push_callee
         subq    $FRAME, %rsp
         .if \dt == DT_Q8
         /* (w, scale, x, ldx, b, y, | ldy, n_tokens, n_in, tile_begin, tile_end) */
@@ -169,12 +164,7 @@
         jnz     .Ltile\@
 .Lret\@:
         addq    $FRAME, %rsp
-        popq    %r15
-        popq    %r14
-        popq    %r13
-        popq    %r12
-        popq    %rbp
-        popq    %rbx
+        pop_callee
         mm_exit
         .endm
 

@@ -55,14 +55,7 @@
 
         /* zero the 8 accumulators (acc = +0.0) */
         .macro  zero_acc
-        vxorps  %ymm0, %ymm0, %ymm0
-        vxorps  %ymm1, %ymm1, %ymm1
-        vxorps  %ymm2, %ymm2, %ymm2
-        vxorps  %ymm3, %ymm3, %ymm3
-        vxorps  %ymm4, %ymm4, %ymm4
-        vxorps  %ymm5, %ymm5, %ymm5
-        vxorps  %ymm6, %ymm6, %ymm6
-        vxorps  %ymm7, %ymm7, %ymm7
+        vzero   0, 1, 2, 3, 4, 5, 6, 7
         .endm
 
         /* y[0..63] = acc + b[0..63]  (or = acc when b is NULL); then advance b and y by one tile */

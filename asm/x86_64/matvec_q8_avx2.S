@@ -93,14 +93,7 @@ function gpt2asm_matvec_q8_avx2
         addq    %r10, %rdi
         .p2align 4
 1:                                              // for each tile
-        vxorps  %ymm0, %ymm0, %ymm0             // acc = +0.0
-        vxorps  %ymm1, %ymm1, %ymm1
-        vxorps  %ymm2, %ymm2, %ymm2
-        vxorps  %ymm3, %ymm3, %ymm3
-        vxorps  %ymm4, %ymm4, %ymm4
-        vxorps  %ymm5, %ymm5, %ymm5
-        vxorps  %ymm6, %ymm6, %ymm6
-        vxorps  %ymm7, %ymm7, %ymm7
+        vzero   0, 1, 2, 3, 4, 5, 6, 7          // acc = +0.0
         movq    %rdx, %r10                      // x cursor
         movq    %r9, %r11
         shrq    $2, %r11                        // n_in / 4 blocks of 4 rows

@@ -206,12 +206,7 @@ pool_yield:
         movl    (%rdi), %eax
         cmpl    %esi, %eax
         \jdone  9f                              /* already there */
-        pushq   %rbx
-        pushq   %rbp
-        pushq   %r12
-        pushq   %r13
-        pushq   %r14
-        pushq   %r15
+        push_callee
         subq    $8, %rsp
         movq    %rdi, %rbx                      /* addr */
         movl    %esi, %r12d                     /* value */
@@ -250,12 +245,7 @@ pool_yield:
         jmp     5b
 4:      lock decl (%r13)
 8:      addq    $8, %rsp
-        popq    %r15
-        popq    %r14
-        popq    %r13
-        popq    %r12
-        popq    %rbp
-        popq    %rbx
+        pop_callee
 9:      ret
         .endm
 

@@ -16,14 +16,7 @@
  *   rdi  p cursor      rsi  blocks of 64 floats left      ymm0-7  8 independent sums
  */
 function gpt2asm_readbw_f32_avx2
-        vxorps  %ymm0, %ymm0, %ymm0
-        vxorps  %ymm1, %ymm1, %ymm1
-        vxorps  %ymm2, %ymm2, %ymm2
-        vxorps  %ymm3, %ymm3, %ymm3
-        vxorps  %ymm4, %ymm4, %ymm4
-        vxorps  %ymm5, %ymm5, %ymm5
-        vxorps  %ymm6, %ymm6, %ymm6
-        vxorps  %ymm7, %ymm7, %ymm7
+        vzero   0, 1, 2, 3, 4, 5, 6, 7
         shrq    $6, %rsi                        // blocks of 64 floats (256 bytes)
         jz      2f
         .p2align 4
