@@ -15,8 +15,9 @@ from different runs. Columns:
     TTFT 512       seconds from a 512-token prompt to its first generated token
     start-up       seconds to the first forward step (weights, kernels, tokenizer, model; not the imports):
                    cold = no tile cache (weights.load_weights), warm = tiles mapped from the tile cache
-    bound          read bandwidth at -j N (our streaming-read kernel over 1 GiB, measured right before and
-                   right after the row's run, the higher of the two) / bytes of weight matrices per token
+    bound          read bandwidth at -j N (our streaming-read kernel over 1 GiB, N threads claiming 8 MB
+                   chunks as the plan's workers claim tiles; measured right before and right after the
+                   row's run, the higher of the two) / bytes of weight matrices per token
     steps/TTFT     the same 512-token prompt as 512 cached steps, over the TTFT of the batched prefill
     of FMA peak    the prefill's flop rate (its FMAs x 2 / TTFT) over the FMA peak at -j N (our FMA probe,
                    gpt2asm_fmapeak_f32_<isa>: 12 or 16 independent chains), which bounds steps/TTFT: every
@@ -61,7 +62,7 @@ def emulated() -> str:
 # workers (each runs in a fresh process)
 
 def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
-    """GB/s of a streaming read of a 1 GiB buffer split over `threads` threads (our read kernel)."""
+    """GB/s of a streaming read of a 1 GiB buffer by `threads` threads (our read kernel, _read_span)."""
     import ctypes
 
     import numpy as np
@@ -70,11 +71,34 @@ def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
     from gpt2asm.weights import aligned_empty
     fn = getattr(load_library(), READBW[ARCH])
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
-    buf = aligned_empty(nbytes // 4, np.float32)
+    buf = aligned_empty(nbytes // 4 // 64 * 64, np.float32)
     buf[:] = 1.0
-    n = buf.size // threads // 64 * 64
-    parts = [(buf.ctypes.data + i * n * 4, n) for i in range(threads)]
-    return {"gbps": _best_rate(fn, parts, n * 4 * threads / 1e9, reps)}
+    best = min(_read_span(fn, buf.ctypes.data, buf.size, threads) for _ in range(reps))
+    return {"gbps": buf.nbytes / best / 1e9}
+
+
+def _read_span(fn, base: int, n: int, threads: int, chunk: int = 2 << 20) -> float:
+    """Seconds to read the n floats at base (n a multiple of 64) with our read kernel fn: one call on one
+    thread; on several, threads that claim chunks of `chunk` floats (8 MB) from a shared counter, so a
+    faster core reads more of the buffer (as the plan's workers claim tiles), timed from the first
+    claim to the last chunk's end (the thread start-up is not counted)."""
+    if threads == 1:
+        return _timed(fn, base, n)
+    import itertools
+    import threading
+    claims, marks = itertools.count(), []
+
+    def work():
+        t0 = time.perf_counter()
+        while (i := next(claims)) * chunk < n:
+            fn(base + 4 * i * chunk, min(chunk, n - i * chunk))
+        marks.append((t0, time.perf_counter()))
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return max(e for _, e in marks) - min(b for b, _ in marks)
 
 
 def _best_rate(fn, args: list[tuple], units: float, reps: int) -> float:
@@ -230,8 +254,8 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
 
 
 def _paired(m, nbytes: int, threads: int, pos: int, rounds: int = 15) -> dict:
-    """A step at position pos against a read of the step's weight bytes (our read kernel, split over the
-    same thread count), alternating in this process, so that both see the same neighbours on a shared
+    """A step at position pos against a read of the step's weight bytes (our read kernel on the same
+    thread count, _read_span), alternating in this process, so that both see the same neighbours on a shared
     machine: the median of read time / step time over `rounds` pairs (the step rewrites the same cache
     position each time)."""
     import ctypes
@@ -242,41 +266,19 @@ def _paired(m, nbytes: int, threads: int, pos: int, rounds: int = 15) -> dict:
     from gpt2asm.weights import aligned_empty
     fn = getattr(load_library(), READBW[ARCH])
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
-    n = -(-nbytes // 4 // threads // 64) * 64                     # floats per thread, a multiple of 64
-    buf = aligned_empty(n * threads, np.float32)
+    buf = aligned_empty(-(-nbytes // 4 // 64) * 64, np.float32)  # the weight bytes, in floats (64k)
     buf[:] = 1.0
-    parts = [(buf.ctypes.data + i * n * 4, n) for i in range(threads)]
     rng = np.random.default_rng(1)
     ids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, pos)]
     st = m.model.new_state()
     m.model.prefill(st, ids[:-1])
     n0, ratios = st.n, []
     for _ in range(rounds):
-        t_read = _span(fn, parts)
+        t_read = _read_span(fn, buf.ctypes.data, buf.size, threads)
         st.n = n0
         t_step = _timed(m.model.step, st, ids[-1])
         ratios.append(t_read / t_step)
     return {"paired_ratio": float(np.median(ratios)), "paired_pos": pos, "paired_rounds": rounds}
-
-
-def _span(fn, args: list[tuple]) -> float:
-    """Seconds from the first to the last of fn(*a) for every a in args, one thread each, at once (the
-    thread start-up before the first call is not counted)."""
-    if len(args) == 1:
-        return _timed(fn, *args[0])
-    import threading
-    marks: list[tuple[float, float]] = []
-
-    def one(a):
-        t0 = time.perf_counter()
-        fn(*a)
-        marks.append((t0, time.perf_counter()))
-    ts = [threading.Thread(target=one, args=(a,)) for a in args]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return max(e for _, e in marks) - min(b for b, _ in marks)
 
 
 def _timed(f, *args) -> float:
