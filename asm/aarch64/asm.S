@@ -34,6 +34,8 @@
  *                                      non-exported function of the same file.
  *   SYM(NAME)                          the assembler name of an exported symbol (`_NAME` on Apple), e.g.
  *                                      `bl SYM(gpt2asm_expf_f32_neon)` to call another file's function.
+ *   mov_up D, S, S2...                 xD = xS, xS = xS2, ... in that order (register numbers): arguments
+ *                                      moved up one register, e.g. `mov_up 8, 7, 6, 5, 4, 3, 2, 1`.
  *
  * Symbols are named gpt2asm_<op>_<dtype>_<family> (family neon or sme2); docs/kernels.md documents each.
  */
@@ -125,5 +127,12 @@ _\name:
         add     \rd, \rd, :lo12:\val+(\offset)
         .endm
 #endif
+
+        .macro  mov_up dst, src, rest:vararg
+        mov     x\dst, x\src
+        .ifnb \rest
+        mov_up  \src, \rest
+        .endif
+        .endm
 
 #endif /* GPT2ASM_AARCH64_ASM_S */

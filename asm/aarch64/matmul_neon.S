@@ -420,13 +420,7 @@
  */
 function gpt2asm_matmul_f32_neon, export=1
         ldp     x9, x10, [sp]                           // tile_begin, tile_end
-        mov     x8, x7
-        mov     x7, x6
-        mov     x6, x5
-        mov     x5, x4
-        mov     x4, x3
-        mov     x3, x2
-        mov     x2, x1
+        mov_up  8, 7, 6, 5, 4, 3, 2, 1                  // x1-x7 into the q8 kernel's x2-x8
         matmul_body DT_F32, 8
 endfunc
 
@@ -435,13 +429,7 @@ endfunc
  */
 function gpt2asm_matmul_f16_neon, export=1
         ldp     x9, x10, [sp]
-        mov     x8, x7
-        mov     x7, x6
-        mov     x6, x5
-        mov     x5, x4
-        mov     x4, x3
-        mov     x3, x2
-        mov     x2, x1
+        mov_up  8, 7, 6, 5, 4, 3, 2, 1
         matmul_body DT_F16, 7
 endfunc
 

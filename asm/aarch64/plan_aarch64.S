@@ -420,13 +420,7 @@ endfunc
         /* x2 .. x7 = x1 .. x6, x1 = x15: the f32 / f16 kernels' arguments in the q8 kernels' order (their
          * second argument is the scales, in x15) */
         .macro  args_up
-        mov     x7, x6
-        mov     x6, x5
-        mov     x5, x4
-        mov     x4, x3
-        mov     x3, x2
-        mov     x2, x1
-        mov     x1, x15
+        mov_up  7, 6, 5, 4, 3, 2, 1, 15
         .endm
 
         /* matvec (w = x0, x = x1, b = x2, y = x3, n_in = x4, tile_begin = x5, tile_end = x6; scales in x15)
