@@ -887,8 +887,8 @@ plan_jobs_\isa:
          * attention of head h of query row t (J_Y + t ldx) over positions 0 .. pos + t into out row t
          * (J_A2 + t ldy).  4 consecutive items of one claim and one head (rows t-3 .. t) are one
          * gpt2asm_attention_rows call (both families: AVX2 code, the same bits), which reads the cache
-         * rows the 4 rows share once; with fewer such items left, one row per call (a rows call costs
-         * the same for 1 to 4 rows, about 3.2 single-row calls). */
+         * rows the 4 rows share once; with fewer such items left, one row per call of the single-row
+         * kernel (a rows call costs the same for 1 to 4 rows, about 3.2 single-row calls). */
 .Lrowattn_\isa:
         claim   .Lbarrier_\isa
         movq    F_T0(%rsp), %rax
@@ -902,18 +902,17 @@ plan_jobs_\isa:
         movq    F_T1(%rsp), %r10
         subq    F_H(%rsp), %r10                 /* items left in the claim */
         cmpq    %r11, %r10
-        cmovaq  %r11, %r10
-        cmpq    $ROWATTN_ROWS, %r10
-        jb      .Lra_one_\isa                   /* fewer than 4 such items: one row at a time */
-        movl    $ROWATTN_ROWS, %r10d            /* R = 4 */
+        cmovaq  %r11, %r10                      /* ... that are rows t, t-1, ... of head h */
+        movl    $1, %ecx
+        movl    $ROWATTN_ROWS, %edx
+        cmpq    %rdx, %r10
+        cmovaeq %rdx, %rcx
+        movq    %rcx, %r10                      /* R = 4 if there are 4 of them, else 1 */
         addq    %r10, F_H(%rsp)
-        movq    %r10, 0(%rsp)                   /* n_rows */
-        subq    %r10, %r11                      /* the first row: t - 3 */
+        subq    %r10, %r11                      /* the first row: t - R + 1 */
         movq    J_LDX(%r14), %rdi
-        movq    %rdi, 8(%rsp)                   /* ldq */
         imulq   %r11, %rdi
         movq    J_LDY(%r14), %rcx
-        movq    %rcx, 16(%rsp)                  /* ldo */
         imulq   %r11, %rcx
         movq    %rax, %rdx
         shlq    $6, %rdx                        /* 64 h */
@@ -924,48 +923,36 @@ plan_jobs_\isa:
         shlq    $2, %rcx
         addq    J_A2(%r14), %rcx                /* out of the first row, head h */
         imulq   J_A3(%r14), %rax                /* h * head_stride (elements) */
-        movq    PL_POS(%r13), %r9
-        leaq    1(%r9,%r11), %r9                /* n_pos of the first row: pos + t - 2 */
-        movq    %rbx, %r8
-        addq    PL_S_OFF(%r13), %r8             /* scratch */
+        shlq    $2, %rax                        /* in bytes: float32 ... */
         testl   $FL_KV16, J_FLAGS(%r14)
-        jnz     1f
-        shlq    $2, %rax
-        movq    J_A0(%r14), %rsi
+        jz      1f
+        shrq    $1, %rax                        /* ... or binary16 */
+1:      movq    J_A0(%r14), %rsi
         addq    %rax, %rsi                      /* k_h */
         movq    J_A1(%r14), %rdx
         addq    %rax, %rdx                      /* v_h */
-        xcall   gpt2asm_attention_rows_f32_avx2
-        jmp     2f
-1:      addq    %rax, %rax
-        movq    J_A0(%r14), %rsi
-        addq    %rax, %rsi
-        movq    J_A1(%r14), %rdx
-        addq    %rax, %rdx
-        xcall   gpt2asm_attention_rows_f16_avx2
-        jmp     2f
-.Lra_one_\isa:                                  /* the single-row kernel: head h, row t = r11 - 1 */
-        incq    F_H(%rsp)
-        decq    %r11
-        movq    %rax, 8(%rsp)                   /* head_begin */
-        incq    %rax
-        movq    %rax, 16(%rsp)                  /* head_end */
-        movq    J_A3(%r14), %rax
-        movq    %rax, 0(%rsp)                   /* head_stride */
-        movq    %r11, %rdi
-        imulq   J_LDX(%r14), %rdi
-        shlq    $2, %rdi
-        addq    J_Y(%r14), %rdi                 /* q row t */
-        movq    %r11, %rcx
-        imulq   J_LDY(%r14), %rcx
-        shlq    $2, %rcx
-        addq    J_A2(%r14), %rcx                /* out row t */
-        movq    J_A0(%r14), %rsi                /* k */
-        movq    J_A1(%r14), %rdx                /* v */
+        movq    PL_POS(%r13), %r9
+        leaq    1(%r9,%r11), %r9                /* n_pos of the first row: pos + t - R + 2 */
         movq    %rbx, %r8
         addq    PL_S_OFF(%r13), %r8             /* scratch */
-        movq    PL_POS(%r13), %r9
-        leaq    1(%r9,%r11), %r9                /* n_pos = pos + t + 1 */
+        cmpq    $1, %r10
+        je      .Lra_one_\isa
+        movq    %r10, 0(%rsp)                   /* n_rows */
+        movq    J_LDX(%r14), %rax
+        movq    %rax, 8(%rsp)                   /* ldq */
+        movq    J_LDY(%r14), %rax
+        movq    %rax, 16(%rsp)                  /* ldo */
+        testl   $FL_KV16, J_FLAGS(%r14)
+        jnz     1f
+        xcall   gpt2asm_attention_rows_f32_avx2
+        jmp     2f
+1:      xcall   gpt2asm_attention_rows_f16_avx2
+        jmp     2f
+.Lra_one_\isa:                                  /* one row: the single-row kernel on head 0 of the */
+        movq    J_A3(%r14), %rax                /* pointers above */
+        movq    %rax, 0(%rsp)                   /* head_stride */
+        movq    $0, 8(%rsp)                     /* head_begin */
+        movq    $1, 16(%rsp)                    /* head_end */
         att_call \isa
 2:      movq    F_H(%rsp), %rax
         cmpq    F_T1(%rsp), %rax
