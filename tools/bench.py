@@ -63,6 +63,14 @@ def emulated() -> str:
 
 def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
     """GB/s of a streaming read of a 1 GiB buffer by `threads` threads (our read kernel, _read_span)."""
+    fn, buf = _read_setup(nbytes)
+    best = min(_read_span(fn, buf.ctypes.data, buf.size, threads) for _ in range(reps))
+    return {"gbps": buf.nbytes / best / 1e9}
+
+
+def _read_setup(nbytes: int):
+    """(our read kernel, bound: float gpt2asm_readbw_f32_<isa>(const float *p, size_t n); a buffer of
+    nbytes rounded up to 64 floats, filled with 1.0 so its pages are resident)."""
     import ctypes
 
     import numpy as np
@@ -71,10 +79,9 @@ def w_readbw(threads: int, nbytes: int = 1 << 30, reps: int = 3) -> dict:
     from gpt2asm.weights import aligned_empty
     fn = getattr(load_library(), READBW[ARCH])
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
-    buf = aligned_empty(nbytes // 4 // 64 * 64, np.float32)
+    buf = aligned_empty(max(64, -(-nbytes // 256) * 64), np.float32)
     buf[:] = 1.0
-    best = min(_read_span(fn, buf.ctypes.data, buf.size, threads) for _ in range(reps))
-    return {"gbps": buf.nbytes / best / 1e9}
+    return fn, buf
 
 
 def _read_span(fn, base: int, n: int, threads: int, chunk: int = 2 << 20) -> float:
@@ -258,16 +265,9 @@ def _paired(m, nbytes: int, threads: int, pos: int, rounds: int = 15) -> dict:
     thread count, _read_span), alternating in this process, so that both see the same neighbours on a shared
     machine: the median of read time / step time over `rounds` pairs (the step rewrites the same cache
     position each time)."""
-    import ctypes
-
     import numpy as np
 
-    from gpt2asm.kernels import ARCH, load_library
-    from gpt2asm.weights import aligned_empty
-    fn = getattr(load_library(), READBW[ARCH])
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
-    buf = aligned_empty(-(-nbytes // 4 // 64) * 64, np.float32)  # the weight bytes, in floats (64k)
-    buf[:] = 1.0
+    fn, buf = _read_setup(nbytes)                                 # the step's weight bytes
     rng = np.random.default_rng(1)
     ids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, pos)]
     st = m.model.new_state()
