@@ -1232,9 +1232,8 @@ def test_attention_rows_page_guards():
         ok = True
         for name, args, exp in jobs:
             for at_end in (True, False):
-                fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
-                getattr(lib, name)(*[f if isinstance(f, int) else f.addr for f in fenced])
-                ok &= bool(model_equal(fenced[3].get().reshape(exp.shape), exp).all())
+                got = fenced_call(getattr(lib, name), args, 3, at_end)
+                ok &= bool(model_equal(got.reshape(exp.shape), exp).all())
         return ok
     run_forked(child)
 
@@ -1267,6 +1266,14 @@ class PageFenced:
         return np.frombuffer(self.map[self.off:self.off + self.nbytes], F32).copy()
 
 
+def fenced_call(call, args, out_i: int, at_end: bool) -> np.ndarray:
+    """call(*addresses) with every array of args copied into its own PageFenced buffer (ints passed as
+    they are), each at the `at_end` side of its fence; returns the contents of array out_i after it."""
+    fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
+    call(*[f if isinstance(f, int) else f.addr for f in fenced])
+    return fenced[out_i].get()
+
+
 def test_page_guards_overread():
     """Natively, in a forked child: every kernel and native variant with every buffer butting against
     a PROT_NONE page on one side, then the other.  Any over-read or over-write faults."""
@@ -1281,10 +1288,8 @@ def test_page_guards_overread():
         for isa in have:
             for op, args, out_i, exp in jobs:
                 for at_end in (True, False):
-                    fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
-                    getattr(lib, f"gpt2asm_{op}_f32_{isa}")(
-                        *[f if isinstance(f, int) else f.addr for f in fenced])
-                    ok &= bool(model_equal(fenced[out_i].get(), exp).all())
+                    got = fenced_call(getattr(lib, f"gpt2asm_{op}_f32_{isa}"), args, out_i, at_end)
+                    ok &= bool(model_equal(got, exp).all())
         return ok
     run_forked(child)
 
@@ -1322,10 +1327,9 @@ def test_emulated_page_guards_overread():
     emu = emulator_raw()
     for op, args, out_i, exp in fence_jobs(np.random.default_rng(10)):
         for at_end in (True, False):
-            fenced = [a if isinstance(a, int) else PageFenced(a, at_end) for a in args]
-            emu.call_raw(f"gpt2asm_{op}_f32_avx512", *[f if isinstance(f, int) else f.addr for f in fenced],
-                         ret=None)
-            assert_model(fenced[out_i].get(), exp, f"{op} fenced at_end={at_end}")
+            got = fenced_call(lambda *a, op=op: emu.call_raw(f"gpt2asm_{op}_f32_avx512", *a, ret=None),
+                              args, out_i, at_end)
+            assert_model(got, exp, f"{op} fenced at_end={at_end}")
 
 
 def test_emulated_raw_misaligned():
