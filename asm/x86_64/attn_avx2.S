@@ -394,16 +394,15 @@ endfunc
  */
 #define RL_OUT       0                              /* out (row 0)                          */
 #define RL_V         8                              /* v                                    */
-#define RL_NMAX     16                              /* n_pos + n_rows - 1                   */
-#define RL_R        24                              /* n_rows                               */
-#define RL_O1       32                              /* rows 1-3: byte offsets of out        */
-#define RL_O2       40
-#define RL_O3       48
-#define RL_S1       56                              /* rows 1-3: byte offsets of scratch    */
-#define RL_S2       64
-#define RL_S3       72
-#define RL_CNT      80                              /* softmax rows / quarters left         */
-#define RL_LOC      88
+#define RL_R        16                              /* n_rows                               */
+#define RL_O1       24                              /* rows 1-3: byte offsets of out        */
+#define RL_O2       32
+#define RL_O3       40
+#define RL_S1       48                              /* rows 1-3: byte offsets of scratch    */
+#define RL_S2       56
+#define RL_S3       64
+#define RL_CNT      72                              /* softmax rows / quarters left         */
+#define RL_LOC      80
 #define RA_ROWS     (RL_LOC + 56)                   /* stack arguments                      */
 #define RA_LDQ      (RL_LOC + 64)
 #define RA_LDO      (RL_LOC + 72)
@@ -504,7 +503,6 @@ function \name
         movq        %rdx, RL_V(%rsp)
         movq        %rax, RL_R(%rsp)
         leaq        (%r9,%r10), %r15                // nmax = n_pos + R - 1
-        movq        %r15, RL_NMAX(%rsp)
         leaq        15(%r15), %r14
         andq        $-16, %r14
         shlq        $2, %r14                        // scratch row stride: 4 roundup16(nmax)
