@@ -19,7 +19,9 @@ hold the per-output scales).
 A prompt is prefilled layer by layer (prefill): a second plan runs each layer over up to PREFILL_ROWS
 tokens at once -- LayerNorm rows, the batched matmul kernels (every (token, output) the matvec's
 operation sequence; c_attn's keys and values straight into the cache), attention rows (row t over
-positions 0..pos+t) -- and then the LM head for the last token only: the same bits as one step per token.
+positions 0..pos+t) -- except the last layer, which needs only its cache rows (ln_1 and c_attn) for every
+token: the step plan runs the rest of it and the LM head for the last token only.  The same bits as one
+step per token.
 The full-prefix forward (GPT2.logits) runs the same row plan, then LayerNorm f and the head over every row.
 
 `step_reference` is the same computation as a sequence of single kernel calls from Python (numpy for the
@@ -39,6 +41,8 @@ from .state import State, zeros
 from .weights import MATRIX_DTYPES, Weights
 
 JOBS_PER_LAYER = 4
+ROW_JOBS_PER_LAYER = 7          # jobs per layer of the prefill plan
+ROW_KV_JOBS = 2                 # its first two (ln_1, c_attn): all that fills the layer's cache rows
 PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers (~7 MB for GPT-2 124M)
 
 
@@ -140,7 +144,8 @@ class Transformer:
 
     def build_prefill_plan(self, s: State) -> Plan:
         """Every layer of a prefill run over the row buffers r = s.rows [R][.]: rows t < n_tok, the tokens
-        at positions pos + t (Plan.set_rows), r.x holding their embeddings; 7 jobs per layer."""
+        at positions pos + t (Plan.set_rows), r.x holding their embeddings; ROW_JOBS_PER_LAYER jobs per layer,
+        of which the first ROW_KV_JOBS fill the layer's k / v cache rows."""
         r, p = s.prefill_rows(PREFILL_ROWS), self.k.new_plan()
         for i, L in enumerate(self.w.layers):
             k, v = s.k[i], s.v[i]                                                 # [H][n_ctx][64]
@@ -221,18 +226,22 @@ class Transformer:
             return logits
         if not self.k.has_plan:
             return self.prefill_reference(s, tokens)
-        head = self._step_plan(s)
-        T = self._run_rows(s, tokens, PREFILL_ROWS)
+        # Only the cache rows of the last layer are needed for all tokens (later steps read them); the
+        # rest of that layer, like the head, only for the last token.  So the row plan stops after the
+        # last layer's ln_1 + c_attn, and the step plan runs that layer and the head for the last token
+        # from the residual row going into it (its k / v rewritten with the same bits).
+        n, head = self.cfg.n_layer, self._step_plan(s)
+        T = self._run_rows(s, tokens, PREFILL_ROWS, end=ROW_JOBS_PER_LAYER * (n - 1) + ROW_KV_JOBS)
         s.x[:] = s.rows.x[T - 1]
-        L = JOBS_PER_LAYER * self.cfg.n_layer
-        self.k.run_plan(head, L, L + 1)                            # LayerNorm f + LM head, last token
+        head.set_step(tokens[-1], s.n - 1)
+        self.k.run_plan(head, JOBS_PER_LAYER * (n - 1), JOBS_PER_LAYER * n + 1)
         s.greedy = head
         return s.logits_view
 
-    def _run_rows(self, s: State, tokens: list[int], R: int, after=None) -> int:
-        """Run the prefill plan over tokens (checked) from position s.n, in runs of at most R rows; after
-        each run, after(offset of the run in tokens, its rows) with s.rows.x holding its residual rows.
-        Returns the rows of the last run."""
+    def _run_rows(self, s: State, tokens: list[int], R: int, after=None, end: int | None = None) -> int:
+        """Run the prefill plan (its jobs [0, end)) over tokens (checked) from position s.n, in runs of at
+        most R rows; after each run, after(offset of the run in tokens, its rows) with s.rows.x holding its
+        residual rows.  Returns the rows of the last run."""
         cfg, p = self.cfg, self._prefill_plan(s)
         wte, wpe = self.w.wte.reshape(cfg.vocab_size, -1), self.w.wpe.reshape(cfg.n_ctx, -1)
         x = s.rows.x                                               # [R][C] residual stream rows
@@ -242,7 +251,7 @@ class Transformer:
             T, pos = len(ids), s.n
             np.add(wte[ids], wpe[pos:pos + T], out=x[:T])          # x[t] = wte[token] + wpe[pos + t]
             p.set_rows(T, pos)
-            self.k.run_plan(p)                                     # every layer over the T rows: one call
+            self.k.run_plan(p, 0, end)                             # the layers over the T rows: one call
             s.n = pos + T
             if after is not None:
                 after(c0, T)
