@@ -138,10 +138,13 @@ def w_fmapeak(threads: int, seconds: float = 0.3, reps: int = 3) -> dict:
 
 
 def prefill_flop(cfg, T: int) -> int:
-    """Flop of a T-token prefill from an empty cache: the 4 matrices of every layer for every token, the
-    attention (q.k and p.v over positions 0..t for token t), the LM head for the last token; 2 per FMA."""
+    """Flop of a T-token prefill from an empty cache, 2 per FMA: the 4 matrices (12 C^2 FMAs per token) and
+    the attention (q.k and p.v over positions 0..t for token t) of every layer but the last for every
+    token; of the last layer c_attn (3 C^2) for every token (its cache rows), the rest of it and the LM head
+    for the last token only (as Transformer.prefill runs it)."""
     C, L, H = cfg.n_embd, cfg.n_layer, cfg.n_head
-    return 2 * (12 * C * C * L * T + 2 * 64 * H * L * (T * (T + 1) // 2) + C * cfg.vocab_size)
+    return 2 * (12 * C * C * (L - 1) * T + 3 * C * C * T + 9 * C * C
+                + 2 * 64 * H * ((L - 1) * (T * (T + 1) // 2) + T) + C * cfg.vocab_size)
 
 
 def _build(model: Path, dtype: str, isa, threads: int, cache: str):
