@@ -118,6 +118,34 @@ def test_prefill_after_steps_then_steps(ckpt_tiny, families, dtype):
         k.close()
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8"])
+def test_prefill_of_a_one_layer_model(tokenizer_dir, families, dtype):
+    """The prefill runs the last layer's rows only up to its cache rows, and the step plan's jobs of that
+    layer for the last token: with one layer that is layer 0, whose step job also adds the embedding.
+    Logits, cache and the steps after it as cached steps, across a chunk boundary."""
+    from conftest import checkpoint
+    d = checkpoint("one-layer-hf", tokenizer_dir, size="tiny", n_layer=1, n_ctx=PREFILL_ROWS + 16, seed=5,
+                   layout="hf")
+    w = load_weights(d, "f32")
+    w = q8_weights(w) if dtype == "q8" else w
+    assert w.config.n_layer == 1
+    ids = prompt(9 if EMULATED else PREFILL_ROWS + 3, 6)
+    k1 = Kernels(families[0])
+    want, want_st = cached_steps(Transformer(w, k1), ids)
+    k1.close()
+    for fam in families:
+        for threads in (1, 2):
+            k = Kernels(fam, threads)
+            model = Transformer(w, k)
+            st = model.new_state()
+            got = model.prefill(st, ids[:-2])
+            assert np.array_equal(bits(got), bits(want[-3])), f"{dtype} {fam} -j {threads}: logits"
+            after = np.stack([model.step(st, t).copy() for t in ids[-2:]])
+            assert np.array_equal(bits(after), bits(want[-2:])), f"{dtype} {fam} -j {threads}: steps after"
+            assert same_cache(st, want_st, len(ids)), f"{dtype} {fam} -j {threads}: KV cache"
+            k.close()
+
+
 def test_prefill_to_the_end_of_the_context(ckpt_tiny, families):
     """The last positions of the context (n_ctx - 3 .. n_ctx - 1) from an arbitrary (zero) cache."""
     w = load_weights(ckpt_tiny, "f16")
