@@ -41,6 +41,15 @@ def cached_steps(model: Transformer, ids: list[int], st=None):
     return np.stack([model.step(st, t).copy() for t in ids]), st
 
 
+def reference_steps(w, family: str, ids: list[int]):
+    """(logits after each token, state) of cached steps on `family` at -j 1: a prefill test's reference."""
+    k = Kernels(family)
+    try:
+        return cached_steps(Transformer(w, k), ids)
+    finally:
+        k.close()
+
+
 def same_cache(a, b, n: int) -> bool:
     return (np.array_equal(bits(a.k[:, :, :n]), bits(b.k[:, :, :n]))
             and np.array_equal(bits(a.v[:, :, :n]), bits(b.v[:, :, :n])))
@@ -101,9 +110,7 @@ def test_prefill_after_steps_then_steps(ckpt_tiny, families, dtype):
     w = load_weights(ckpt_tiny, "f32")
     w = q8_weights(w) if dtype == "q8" else w
     head, body, tail = prompt(3, 1), prompt(PREFILL_ROWS + 1, 2), prompt(4, 3)
-    k1 = Kernels(families[0])
-    want, want_st = cached_steps(Transformer(w, k1), head + body + tail)
-    k1.close()
+    want, want_st = reference_steps(w, families[0], head + body + tail)
     for threads in (1, 2):
         k = Kernels(families[-1], threads)
         model = Transformer(w, k)
@@ -130,9 +137,7 @@ def test_prefill_of_a_one_layer_model(tokenizer_dir, families, dtype):
     w = q8_weights(w) if dtype == "q8" else w
     assert w.config.n_layer == 1
     ids = prompt(9 if EMULATED else PREFILL_ROWS + 3, 6)
-    k1 = Kernels(families[0])
-    want, want_st = cached_steps(Transformer(w, k1), ids)
-    k1.close()
+    want, want_st = reference_steps(w, families[0], ids)
     for fam in families:
         for threads in (1, 2):
             k = Kernels(fam, threads)
@@ -167,9 +172,7 @@ def test_prefill_124m(ckpt_124m, families):
     """The real widths (768 / 3072 inputs, 12 heads, the 786-tile head) at -j 1 and 2, fp32, T = 40."""
     w = load_weights(ckpt_124m, "f32")
     ids = prompt(40, 5)
-    k1 = Kernels(families[0])
-    want, want_st = cached_steps(Transformer(w, k1), ids)
-    k1.close()
+    want, want_st = reference_steps(w, families[0], ids)
     for fam in families:
         for threads in (1, 2):
             k = Kernels(fam, threads)
@@ -214,9 +217,7 @@ def test_prefill_reference_equals_cached_steps(ckpt_tiny, families, dtype):
     cached steps, and step() continues identically.  Natively on x86 too (per_call_kernels)."""
     w = q8_weights(load_weights(ckpt_tiny, "f32")) if dtype == "q8" else load_weights(ckpt_tiny, dtype)
     head, body, tail = prompt(3, 11), prompt(13 if EMULATED else 37, 12), prompt(2, 13)
-    k1 = Kernels(families[0])
-    want, want_st = cached_steps(Transformer(w, k1), head + body + tail)
-    k1.close()
+    want, want_st = reference_steps(w, families[0], head + body + tail)
     n = len(head + body)
     for fam in families:
         for threads in (1, 2):
