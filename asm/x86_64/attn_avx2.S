@@ -141,14 +141,19 @@
 #define A_END       (A_LOC + 72)
 
 /*
- * ld64 p, off, r, rs...  /  st64 p, off, r, rs...
- *   ymm\r, ymm\rs... = the floats at \off(\p), \off+32(\p), ...  /  the reverse (one register may
- *   repeat: st64 with 0,0,0,0,0,0,0,0 zeroes 64 floats from a zeroed ymm0).
+ * ldrow es, p, off, r, rs...  /  st64 p, off, r, rs...
+ *   ymm\r, ymm\rs... = 8 elements each (es bytes: float32, or binary16 widened exactly by vcvtph2ps)
+ *   from \off(\p), \off+8 es(\p), ...  /  float32 registers to \off(\p), \off+32(\p), ... (one
+ *   register may repeat: st64 with 0,0,0,0,0,0,0,0 zeroes 64 floats from a zeroed ymm0).
  */
-        .macro  ld64 p, off, r, rs:vararg
+        .macro  ldrow es, p, off, r, rs:vararg
+        .if \es == 4
         vmovups     \off(\p), %ymm\r
+        .else
+        vcvtph2ps   \off(\p), %ymm\r
+        .endif
         .ifnb \rs
-        ld64        \p, \off+32, \rs
+        ldrow       \es, \p, \off+8*\es, \rs
         .endif
         .endm
 
@@ -165,7 +170,7 @@
  *   into ymm0-7 and back, p_t from (%rbx), the rows from (%rax).  Clobbers ymm0-15.
  */
         .macro  pvgroup es, n
-        ld64        %rcx, 0, 0, 1, 2, 3, 4, 5, 6, 7
+        ldrow       4, %rcx, 0, 0, 1, 2, 3, 4, 5, 6, 7
         vbroadcastss  0(%rbx), %ymm8                // p_t
         .if \n == 4
         vbroadcastss  4(%rbx), %ymm9                // p_t+1
@@ -199,7 +204,7 @@
         movq        %r13, %r10
         .endif
 .Lsc\@:
-        ld64        %rbp, 0, 8, 9, 10, 11, 12, 13, 14, 15
+        ldrow       4, %rbp, 0, 8, 9, 10, 11, 12, 13, 14, 15
         .if \tail
         movq        L_O1(%rsp), %r10
         addq        %r15, %r10
@@ -449,13 +454,7 @@ endfunc
         .endm
 
         .macro  pvq es, first
-        .if \es == 4
-        vmovups       (%rsi), %ymm12
-        vmovups     32(%rsi), %ymm13
-        .else
-        vcvtph2ps     (%rsi), %ymm12
-        vcvtph2ps   16(%rsi), %ymm13
-        .endif
+        ldrow       \es, %rsi, 0, 12, 13
         .if \first == 0
         vbroadcastss (%rax), %ymm8
         pvfma       8, 0, 1
@@ -529,18 +528,7 @@ function \name
         /* scores of every row at positions 0 .. nmax - 1 */
         movq        %r8, %rax
 1:
-        .if \es == 4
-        ld64        %rsi, 0, 8, 9, 10, 11, 12, 13, 14, 15
-        .else
-        vcvtph2ps     (%rsi), %ymm8
-        vcvtph2ps   16(%rsi), %ymm9
-        vcvtph2ps   32(%rsi), %ymm10
-        vcvtph2ps   48(%rsi), %ymm11
-        vcvtph2ps   64(%rsi), %ymm12
-        vcvtph2ps   80(%rsi), %ymm13
-        vcvtph2ps   96(%rsi), %ymm14
-        vcvtph2ps  112(%rsi), %ymm15
-        .endif
+        ldrow       \es, %rsi, 0, 8, 9, 10, 11, 12, 13, 14, 15
         dotrow      0, %rdi
         dotrow      1, %rcx
         dotrow      2, %rbx
