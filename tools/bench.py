@@ -275,10 +275,7 @@ def _paired(m, nbytes: int, threads: int, pos: int, rounds: int = 15) -> dict:
     import numpy as np
 
     fn, buf = _read_setup(nbytes)                                 # the step's weight bytes
-    rng = np.random.default_rng(1)
-    ids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, pos)]
-    st = m.model.new_state()
-    m.model.prefill(st, ids[:-1])
+    ids, st = _prefilled(m, pos, 1)
     n0, ratios = st.n, []
     for _ in range(rounds):
         t_read = _read_span(fn, buf.ctypes.data, buf.size, threads)
@@ -288,6 +285,18 @@ def _paired(m, nbytes: int, threads: int, pos: int, rounds: int = 15) -> dict:
     return {"paired_ratio": float(np.median(ratios)), "paired_pos": pos, "paired_rounds": rounds}
 
 
+def _prefilled(m, n: int, seed: int):
+    """(n random token ids, a new state with the first n - 1 of them prefilled): the cache a step of the
+    last one at position n - 1 reads."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, n)]
+    st = m.model.new_state()
+    m.model.prefill(st, ids[:-1])
+    return ids, st
+
+
 def _pos_paired(m, lo: int, hi: int, rounds: int = 15) -> dict:
     """A step at position hi against a step at position lo, alternating in this process (the cache filled
     to hi by a prefill of the same tokens; each step rewrites its position with the bits it already
@@ -295,10 +304,7 @@ def _pos_paired(m, lo: int, hi: int, rounds: int = 15) -> dict:
     pairs -- decode at position hi over decode at position lo, with the machine's noise paired out."""
     import numpy as np
 
-    rng = np.random.default_rng(2)
-    ids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, hi)]
-    st = m.model.new_state()
-    m.model.prefill(st, ids[:-1])
+    ids, st = _prefilled(m, hi, 2)
     ratios = []
     for _ in range(rounds):
         st.n = lo - 1
