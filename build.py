@@ -104,14 +104,15 @@ SHARED_OPS = {("avx512", "attention_f16"): "avx2"}
 # matmul_* and attention_f16 (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover
 # them; avx512 takes attention_f16 from avx2 (SHARED_OPS), whose entry covers it, and both x86 plan
 # executors call avx2's attention_rows_* (ROWATTN).
-# Every family has its plan executor and worker entry (plan_x86.S, plan_aarch64.S: "plan_run", "worker").
+# Every family has its plan executor, decode-step and worker entries (plan_x86.S, plan_aarch64.S: "plan_run",
+# "plan_step", "worker").
 EXTRA_OPS = {
     "x86_64": {"avx2": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "attention_f16",
-                        "attention_rows_f32", "attention_rows_f16", "plan_run", "worker"),
-               "avx512": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "worker")},
+                        "attention_rows_f32", "attention_rows_f16", "plan_run", "plan_step", "worker"),
+               "avx512": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
     "aarch64": {"neon": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "attention_f16", "plan_run",
-                         "worker"),
-                "sme2": ("plan_run", "worker")},
+                         "plan_step", "worker"),
+                "sme2": ("plan_run", "plan_step", "worker")},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {

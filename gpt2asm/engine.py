@@ -275,9 +275,12 @@ class GPT2:
         tokens the cache holds (sessions).  Greedy sampling takes the first maximum that the step's LM head
         job found while the logits were in cache (Plan.first_max), when every logit may be sampled."""
         fused = self.n_sample == self.config.vocab_size
+        src = view = None
         for k in range(n):
             g = state.greedy if fused else None                 # the plan that produced these logits
-            tok = sampler(logits[:self.n_sample], history, None if g is None else g.first_max)
+            if logits is not src:                               # a step returns the same view each time
+                src, view = logits, logits[:self.n_sample]
+            tok = sampler(view, history, None if g is None else g.first_max)
             history.append(tok)
             if stats is not None:
                 stats["generated"] = k + 1

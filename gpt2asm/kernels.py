@@ -338,7 +338,7 @@ _J = dict(n=1, chunk=2, w=3, b=4, y=5, n_in=6, x=7, g=8, beta=9, a0=10, a1=11, a
           tile_bytes=15, scale=16, ldx=17, ldy=18, ldr=19)
 # u64 slots of the plan header
 _H = dict(token=0, pos=1, n_jobs=2, priv=3, priv_stride=4, C=5, wte=6, wpe=7, x=8, h_off=9, e_off=10,
-          s_off=11, n_tok=12, kv_off=13)
+          s_off=11, n_tok=12, kv_off=13, argmax=14)
 # weight dtypes of the tiled matrices -> the job's dtype flag
 _WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16, np.dtype(np.int8): FL_Q8}
 
@@ -422,7 +422,9 @@ class Plan:
         self.buf: np.ndarray | None = None
         self.addr = self.n_jobs = 0
         self.argmax_job: int | None = None
-        self._slot_views: list[tuple] = []                   # ARGMAX: per thread {u64 index, f32, u32 bad}
+        self._slots: np.ndarray | None = None                # ARGMAX: per thread {u64 index, f32, u32 bad}
+        self._slot_views: list[tuple] = []                   # ... and ctypes views of them
+        self._max: int | None = None                         # gpt2asm_plan_step's reduction of the slots
 
     # -- building -----------------------------------------------------------------------------------
 
@@ -509,7 +511,7 @@ class Plan:
             if self.argmax_job is not None:
                 raise InvalidArgumentError("one argmax job per plan")
             flags |= EPI_ARGMAX
-            slots = _aligned_zeros(16 * self.k.threads)
+            slots = self._slots = _aligned_zeros(16 * self.k.threads)
             self._slot_views = [(ctypes.c_uint64.from_buffer(slots, 16 * t),
                                  ctypes.c_float.from_buffer(slots, 16 * t + 8),
                                  ctypes.c_uint32.from_buffer(slots, 16 * t + 12)) for t in range(self.k.threads)]
@@ -663,7 +665,7 @@ class Plan:
         stride = max(64, kv_off + 4 * r16(self.priv_kv))
         self.priv = _aligned_zeros(stride * self.k.threads)
         hdr = dict(n_jobs=n, priv=addr(self.priv), priv_stride=stride, h_off=h_off, e_off=e_off, s_off=s_off,
-                   kv_off=kv_off)
+                   kv_off=kv_off, argmax=0 if self._slots is None else addr(self._slots))
         if self.embed is not None:
             wte, wpe, x = self.embed
             hdr.update(C=wte.shape[1], wte=addr(wte), wpe=addr(wpe), x=addr(x))
@@ -688,6 +690,11 @@ class Plan:
         caches the weights have flushed, where each numpy call costs microseconds.)"""
         if self.argmax_job is None:
             raise InvalidArgumentError("the plan has no argmax job")
+        m = self._max
+        if m is not None:                              # reduced by gpt2asm_plan_step (Plan.step)
+            if m == SIZE_MAX:
+                raise LibraryError("the argmax job left no result")
+            return None if m == SIZE_MAX - 1 else m
         best = bv = None
         for i, v, bad in self._slot_views:
             if bad.value:
@@ -699,14 +706,25 @@ class Plan:
             raise LibraryError("the argmax job left no result (was it run?)")
         return best
 
-    def set_step(self, token: int, pos: int) -> None:
-        """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""
+    def _check_step(self, token: int, pos: int) -> None:
         if self.max_token is not None and not 0 <= token < self.max_token:
             raise InvalidArgumentError(f"token id {token} out of range 0..{self.max_token - 1}")
         if not 0 <= pos < (self.max_pos if self.max_pos is not None else 1 << 62):
             raise InvalidArgumentError(f"position {pos} out of range 0..{self.max_pos - 1}")
+
+    def set_step(self, token: int, pos: int) -> None:
+        """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""
+        self._check_step(token, pos)
         self._step[0] = token
         self._step[1] = pos
+
+    def step(self, token: int, pos: int) -> None:
+        """set_step(token, pos) and a run of every job, in one call into the library
+        (gpt2asm_plan_step_<isa>), which also reduces the argmax job's per-thread slots for first_max().
+        A decode step's Python is mostly cache misses (the weights have just streamed through every
+        cache): each numpy or ctypes operation saved here saves microseconds per token."""
+        self._check_step(token, pos)
+        self.k.run_step(self, token, pos)
 
     def set_rows(self, n_tok: int, pos: int) -> None:
         """The per-run parameters of the row jobs: n_tok rows, the tokens at positions pos .. pos+n_tok-1
@@ -782,6 +800,10 @@ class Kernels:
         # void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
         self.has_plan = hasattr(self.lib, f"gpt2asm_plan_run_{s}")
         self.plan_run = self._bind(f"gpt2asm_plan_run_{s}", [P, P, N, N]) if self.has_plan else None
+        # size_t gpt2asm_plan_step_<isa>(pool_t *ctx, plan_t *plan, size_t token, size_t pos);
+        self.plan_step = self._bind(f"gpt2asm_plan_step_{s}", [P, P, N, N]) if self.has_plan else None
+        if self.plan_step is not None:
+            self.plan_step.restype = c_size_t
         self.ctx = _aligned_zeros(POOL_BYTES)                  # pool_t
         ctx32, ctx64 = self.ctx.view(np.uint32), self.ctx.view(np.uint64)
         ctx32[CTX_NTHREADS // 4] = threads if self.has_plan else 1
@@ -871,8 +893,18 @@ class Kernels:
             job_end = n
         if not 0 <= job_begin <= job_end <= n:
             raise InvalidArgumentError(f"run_plan: jobs [{job_begin}, {job_end}) outside 0..{n}")
+        plan._max = None                                # first_max() reads the slots
         with self._lock:
             self.plan_run(self._ctx_addr, plan.addr, job_begin, job_end)
+
+    def run_step(self, plan: Plan, token: int, pos: int) -> None:
+        """Plan.step: token and pos (checked by the plan), every job, and the argmax slots reduced, in one
+        call (gpt2asm_plan_step_<isa>)."""
+        if plan.k is not self or plan.buf is None:
+            raise InvalidArgumentError("run_step: a built plan of this Kernels object is needed")
+        plan._max = None
+        with self._lock:
+            plan._max = self.plan_step(self._ctx_addr, plan.addr, token, pos)
 
     # -- parallel dispatch over prevalidated addresses (per-call path) --------------------------------
 

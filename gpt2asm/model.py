@@ -192,8 +192,7 @@ class Transformer:
             return self.step_reference(s, token)
         token, pos = self._check_step(s, token)
         plan = s.plan if s.plan_owner is self.arrays else self._step_plan(s)
-        plan.set_step(token, pos)                  # checked again against the plan's own limits
-        self.k.run_plan(plan)                      # the whole forward step: one call into the library
+        plan.step(token, pos)                      # the whole forward step: one call into the library
         s.n, s.greedy = pos + 1, plan              # plan.first_max(): the argmax of these logits
         return s.logits_view
 

@@ -73,7 +73,7 @@ class EmulatedKernels(Kernels):
         return "avx512"                                   # no CPUID probing: the host has no AVX-512
 
     def _bind(self, name, argtypes):
-        return self.emulator.bind(name)
+        return self.emulator.bind(name, ret="int" if name.startswith("gpt2asm_plan_step") else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -141,8 +141,8 @@ class DifferentialKernels(Kernels):
         if not name.endswith("_avx512"):        # avx2 kernels the avx512 family shares (attention_f16)
             return super()._bind(name, argtypes)
         op = name[len("gpt2asm_"):-len("_avx512")]
-        if op == "plan_run":                    # a whole step: not comparable call by call (unused here)
-            return self.emulator.bind(name)
+        if op in ("plan_run", "plan_step"):     # a whole step: not comparable call by call (unused here)
+            return self.emulator.bind(name, ret="int" if op == "plan_step" else None)
         emulated, native = self.emulator.bind(name), getattr(self.native, op)
 
         def fn(*args):

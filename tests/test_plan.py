@@ -80,7 +80,7 @@ class EmulatedAvx512(Kernels):
         return "avx512"
 
     def _bind(self, name, argtypes):
-        return self.emulator.bind(name)
+        return self.emulator.bind(name, ret="int" if name.startswith("gpt2asm_plan_step") else None)
 
 
 def emulator():
@@ -396,7 +396,8 @@ def _argmax_cases(rng):
 
 def test_argmax_epilogue_is_the_first_maximum(families):
     """MATVEC with argmax=n: Plan.first_max() is numpy's first maximum of y[0..n) (None with a NaN or an
-    infinity among them) for every thread count and claim size, y itself unchanged."""
+    infinity among them) for every thread count and claim size, y itself unchanged: from the per-thread
+    slots after run_plan (read by Python), and as reduced by gpt2asm_plan_step after Plan.step."""
     rng = np.random.default_rng(8)
     cases = list(_argmax_cases(rng))
     for fam in families:
@@ -410,6 +411,12 @@ def test_argmax_epilogue_is_the_first_maximum(families):
                     p.matvec(w, x, None, y, argmax=values.size, chunk=chunk)
                     k.run_plan(p.build())
                     assert np.array_equal(bits(y[:values.size]), bits(values))
+                    assert p._max is None
+                    assert p.first_max() == _first_max(values), (fam, threads, chunk, values.size)
+                    y[:] = 0
+                    p.step(0, 0)                                 # the same run, reduced in the library
+                    assert np.array_equal(bits(y[:values.size]), bits(values))
+                    assert p._max is not None
                     assert p.first_max() == _first_max(values), (fam, threads, chunk, values.size)
             k.close()
 
@@ -431,6 +438,8 @@ def test_argmax_epilogue_on_the_emulated_avx512_plan(families):
             p.matvec(w, x, None, y, argmax=values.size, chunk=4)
             k.run_plan(p.build())
             assert p.first_max() == _first_max(values)
+            p.step(0, 0)                                         # gpt2asm_plan_step_avx512's reduction
+            assert p._max is not None and p.first_max() == _first_max(values)
 
 
 def test_argmax_epilogue_validation(families):
@@ -451,6 +460,10 @@ def test_argmax_epilogue_validation(families):
     q.matvec(w, x, None, y)
     with pytest.raises(InvalidArgumentError):
         q.build().first_max()                                            # no argmax job
+    q.step(0, 0)                                                         # runs; still no argmax result
+    assert np.array_equal(y[:130], np.full(130, 8, np.float32))
+    with pytest.raises(InvalidArgumentError):
+        q.first_max()
     k.close()
 
 

@@ -227,19 +227,20 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
             out[f"tok_s_{t}"] = (g - 1) / (stamps[g - 1] - stamps[0])
         else:
             out[f"tok_s_{t}"] = out[f"tok_s_{t}_local"]
-    # per-token overhead: wall time of a step outside the library's plan_run (Python, ctypes, sampling)
+    # per-token overhead: wall time of a step outside the library's plan_step (Python, ctypes, sampling)
     k = m.model.k
-    if getattr(k, "plan_run", None) is not None:
-        inner = k.plan_run
+    if getattr(k, "plan_step", None) is not None:
+        inner = k.plan_step
         spent = [0.0]
 
         def timed(*args, _f=inner, _t=time.perf_counter):
             t0 = _t()
-            _f(*args)
+            r = _f(*args)
             spent[0] += _t() - t0
-        k.plan_run = timed
+            return r
+        k.plan_step = timed
         marks = [(time.perf_counter(), spent[0]) for _ in m.generate_ids(ids, 72, temperature=0)]
-        k.plan_run = inner
+        k.plan_step = inner
         (t0, s0), (t1, s1) = marks[8], marks[-1]              # steady state: tokens 9..72
         out["overhead_pct"] = 100.0 * ((t1 - t0) - (s1 - s0)) / (t1 - t0)
     if 2 <= min(tokens) <= m.config.n_ctx:
@@ -643,7 +644,7 @@ def main(argv=None) -> int:
                      f"({best([x for r in rows for x in r['runs']], 'prefill_flop') / 1e9:.1f} GFLOP) over its TTFT, "
                      "against the FMA peak at the same -j (the higher of the two probe readings); at that peak, "
                      "steps/TTFT could reach at most: " + ", ".join(lims))
-    lines.append("- Python %: share of a decode step's wall time spent outside the library's plan_run "
+    lines.append("- Python %: share of a decode step's wall time spent outside the library's plan_step "
                  "(Python, ctypes, sampling), 64 greedy tokens.")
     waits = [f"{r['dtype']} -j {r['threads']}: {x['resident']} (waited {x['resident_wait_s']:.2f} s)"
              for r in rows for x in r["runs"][:1] if "resident" in x]

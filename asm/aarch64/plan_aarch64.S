@@ -4,6 +4,7 @@
  * ("Thread pool and plans").
  *
  *     void gpt2asm_plan_run_{neon,sme2}(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
+ *     size_t gpt2asm_plan_step_{neon,sme2}(pool_t *ctx, plan_t *plan, size_t token, size_t pos);
  *     void gpt2asm_worker_{neon,sme2}(pool_t *ctx, size_t tid);        // returns at shutdown
  *     void gpt2asm_pool_shutdown(pool_t *ctx);
  *
@@ -53,6 +54,7 @@
 /* ---- plan header (plan_t, 128 bytes): see plan_x86.S and docs/kernels.md ------------------------- */
 #define PL_TOKEN            0
 #define PL_POS              8
+#define PL_NJOBS            16      /* u64: job records that follow                                  */
 #define PL_PRIV             24
 #define PL_PRIV_STRIDE      32
 #define PL_C                40
@@ -64,6 +66,7 @@
 #define PL_S_OFF            88
 #define PL_NTOK             96
 #define PL_KV_OFF           104
+#define PL_ARGMAX           112     /* the ARGMAX job's slots, 0 if none (gpt2asm_plan_step)      */
 #define PL_HEADER           128
 
 /* ---- job record (256 bytes) ------------------------------------------------------------------------ */
@@ -117,7 +120,7 @@
         .protected gpt2asm_matvec_f32_sme2, gpt2asm_matvec_f16_sme2, gpt2asm_layernorm_f32_neon
         .protected gpt2asm_gelu_f32_neon, gpt2asm_attention_f32_neon, gpt2asm_attention_f16_neon
         .protected gpt2asm_matmul_f32_neon, gpt2asm_matmul_f16_neon, gpt2asm_matmul_q8_neon
-        .protected gpt2asm_argmax_f32_neon
+        .protected gpt2asm_argmax_f32_neon, gpt2asm_plan_run_neon, gpt2asm_plan_run_sme2
 #endif
 
 /* ================================================================================================ */
@@ -975,7 +978,58 @@ function gpt2asm_worker_\isa, export=1
 endfunc
         .endm
 
+/*
+ * size_t gpt2asm_plan_step_<isa>(pool_t *ctx, plan_t *plan, size_t token, size_t pos);
+ *   A decode step in one call, as on x86 (plan_x86.S): plan.token, plan.pos = token, pos; every job run
+ *   by gpt2asm_plan_run_<isa>(ctx, plan, 0, plan.n_jobs); then the first maximum from the ARGMAX job's
+ *   n_threads slots at plan.argmax: SIZE_MAX - 1 if any slot saw a NaN or an infinity, SIZE_MAX if no
+ *   slot holds an index (or plan.argmax is 0), else the least index among the slots holding the
+ *   largest value.
+ */
+        .macro  plan_step isa
+function gpt2asm_plan_step_\isa, export=1
+        stp     x29, x30, [sp, #-32]!
+        mov     x29, sp
+        stp     x19, x20, [sp, #16]
+        mov     x19, x0                         // ctx
+        mov     x20, x1                         // plan
+        stp     x2, x3, [x1, #PL_TOKEN]         // token, pos
+        mov     x2, #0
+        ldr     x3, [x1, #PL_NJOBS]
+        bl      SYM(gpt2asm_plan_run_\isa)
+        mov     x0, #-1                         // SIZE_MAX: no index yet
+        ldr     x9, [x20, #PL_ARGMAX]
+        cbz     x9, 9f
+        ldr     w10, [x19, #CTX_NTHREADS]       // >= 1
+1:      ldr     w11, [x9, #12]
+        cbnz    w11, 8f                         // a NaN or an infinity
+        ldr     x12, [x9]                       // the slot's index (SIZE_MAX: none)
+        cmn     x12, #1
+        b.eq    3f
+        ldr     s1, [x9, #8]                    // its value
+        cmn     x0, #1
+        b.eq    2f                              // the first index: taken
+        fcmp    s1, s0
+        b.gt    2f                              // larger: taken
+        b.ne    3f                              // smaller (finite values: never unordered)
+        cmp     x12, x0
+        b.hs    3f                              // equal: the least index wins
+2:      mov     x0, x12
+        fmov    s0, s1
+3:      add     x9, x9, #16
+        subs    w10, w10, #1
+        b.ne    1b
+        b       9f
+8:      mov     x0, #-2                         // SIZE_MAX - 1
+9:      ldp     x19, x20, [sp, #16]
+        ldp     x29, x30, [sp], #32
+        ret
+endfunc
+        .endm
+
         plan_run neon
         plan_run sme2
+        plan_step neon
+        plan_step sme2
         worker  neon, neon
         worker  sme2, neon

@@ -4,6 +4,7 @@
  * docs/kernels.md ("Thread pool and plans") documents the records and the exported symbols:
  *
  *     void gpt2asm_plan_run_{avx2,avx512}(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
+ *     size_t gpt2asm_plan_step_{avx2,avx512}(pool_t *ctx, plan_t *plan, size_t token, size_t pos);
  *     void gpt2asm_worker_{avx2,avx512}(pool_t *ctx, size_t tid);       // returns at shutdown
  *     void gpt2asm_pool_shutdown(pool_t *ctx);
  *
@@ -68,6 +69,8 @@
 #define PL_NTOK             96      /* u64: rows of a prefill run (row jobs: items = J_N * PL_NTOK)  */
 #define PL_KV_OFF           104     /* u64: offset of the k / v staging rows (FL_KV16: float32 rows of
                                        64, one for QKV, PL_NTOK for MATMUL+KV) in a private area      */
+#define PL_ARGMAX           112     /* u64: the ARGMAX job's slots (n_threads x 16 bytes), 0 if none:
+                                       gpt2asm_plan_step reduces them                                 */
 #define PL_HEADER           128
 
 /* ---- job record (256 bytes: three read-only cache lines, then the counters' own line) ------------ */
@@ -132,6 +135,7 @@
         .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512, gpt2asm_matmul_q8_avx512
         .protected gpt2asm_attention_f16_avx2, gpt2asm_argmax_f32_avx2, gpt2asm_argmax_f32_avx512
         .protected gpt2asm_attention_rows_f32_avx2, gpt2asm_attention_rows_f16_avx2
+        .protected gpt2asm_plan_run_avx2, gpt2asm_plan_run_avx512
 #endif
 
         .macro  xcall name
@@ -1036,6 +1040,58 @@ function gpt2asm_plan_run_\isa
         xorl    %r8d, %r8d
         jmp     plan_jobs_\isa
 9:      ret
+endfunc
+
+/*
+ * size_t gpt2asm_plan_step_<isa>(pool_t *ctx, plan_t *plan, size_t token, size_t pos);
+ *   A decode step in one call: plan.token = token, plan.pos = pos, every job run as by
+ *   gpt2asm_plan_run_<isa>(ctx, plan, 0, plan.n_jobs), then the first maximum of the ARGMAX job's
+ *   outputs from its n_threads slots at plan.argmax (each { u64 index or SIZE_MAX, f32 value, u32 bad }):
+ *       SIZE_MAX - 1   if any slot saw a NaN or an infinity
+ *       SIZE_MAX       if no slot holds an index (or plan.argmax is 0: no ARGMAX job)
+ *       else the least index among the slots holding the largest value (every value is finite)
+ *   -- what Python's Plan.first_max() computed from the slots, without a second trip through Python.
+ */
+function gpt2asm_plan_step_\isa
+        pushq   %rbx
+        pushq   %r12
+        subq    $8, %rsp                        /* rsp 16-byte aligned at the call */
+        movq    %rdi, %rbx                      /* ctx */
+        movq    %rsi, %r12                      /* plan */
+        movq    %rdx, PL_TOKEN(%rsi)
+        movq    %rcx, PL_POS(%rsi)
+        xorl    %edx, %edx
+        movq    PL_NJOBS(%rsi), %rcx
+        xcall   gpt2asm_plan_run_\isa
+        movq    $-1, %rax                       /* SIZE_MAX: no index yet */
+        movq    PL_ARGMAX(%r12), %rdx
+        testq   %rdx, %rdx
+        jz      9f
+        movl    CTX_NTHREADS(%rbx), %ecx        /* >= 1 */
+1:      cmpl    $0, 12(%rdx)
+        jne     8f                              /* a NaN or an infinity */
+        movq    0(%rdx), %rsi                   /* the slot's index (SIZE_MAX: none) */
+        cmpq    $-1, %rsi
+        je      3f
+        vmovss  8(%rdx), %xmm1                  /* its value */
+        cmpq    $-1, %rax
+        je      2f                              /* the first index: taken */
+        vucomiss %xmm0, %xmm1
+        ja      2f                              /* larger: taken */
+        jne     3f                              /* smaller (finite values: never unordered) */
+        cmpq    %rax, %rsi
+        jae     3f                              /* equal: the least index wins */
+2:      movq    %rsi, %rax
+        vmovaps %xmm1, %xmm0
+3:      addq    $16, %rdx
+        decl    %ecx
+        jnz     1b
+        jmp     9f
+8:      movq    $-2, %rax                       /* SIZE_MAX - 1 */
+9:      addq    $8, %rsp
+        popq    %r12
+        popq    %rbx
+        ret
 endfunc
 
 /*
