@@ -433,26 +433,29 @@ MM_DTYPES = ("f32", "f16", "q8")
 
 
 def bind_matmul(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the prototypes of gpt2asm_matmul_<dtype>_neon (docs/kernels.md, gpt2asm_matmul) on lib."""
+    """Set the prototypes of gpt2asm_matmul_<dtype>_{neon,sme2} (docs/kernels.md, gpt2asm_matmul) on lib."""
     for d in MM_DTYPES:
-        fn = getattr(lib, f"gpt2asm_matmul_{d}_neon")
-        fn.argtypes = [P, P, P, S, P, P, S, S, S, S, S] if d == "q8" else [P, P, S, P, P, S, S, S, S, S]
-        fn.restype = None
+        for isa in ("neon", "sme2"):
+            fn = getattr(lib, f"gpt2asm_matmul_{d}_{isa}", None)
+            if fn is not None:
+                fn.argtypes = [P, P, P, S, P, P, S, S, S, S, S] if d == "q8" else [P, P, S, P, P, S, S, S, S, S]
+                fn.restype = None
     return lib
 
 
 class MatmulRunner:
-    """gpt2asm_matmul_<dtype>_neon in the harness of test_kernels_matmul.NativeRunner: w 64-byte aligned;
+    """gpt2asm_matmul_<dtype>_<isa> (NEON's by default; test_kernels_sme2 runs SME2's) in the harness of
+    test_kernels_matmul.NativeRunner: w 64-byte aligned;
     scale, X, b, Y at rotating misalignments (odd byte offsets too); 4 KiB canaries on each side; inputs
     unchanged.  mm.run_and_check checks Y's row gaps (ldy > outputs) and the other tiles untouched; X's row
     gaps hold NaN (mm.Case), so reading one would show in the results."""
 
     MISALIGN = (4, 1, 0, 2, 60, 3, 12, 5, 8, 63)
 
-    def __init__(self, lib: ctypes.CDLL, dtype: str):
-        self.fn = getattr(bind_matmul(lib), f"gpt2asm_matmul_{dtype}_neon")
+    def __init__(self, lib: ctypes.CDLL, dtype: str, isa: str = "neon"):
+        self.fn = getattr(bind_matmul(lib), f"gpt2asm_matmul_{dtype}_{isa}")
         self.dtype = dtype
-        self.name = f"gpt2asm_matmul_{dtype}_neon"
+        self.name = f"gpt2asm_matmul_{dtype}_{isa}"
         self._mis = itertools.cycle(self.MISALIGN)
 
     def __call__(self, c, tb, te, *, seed=0, T=None):
@@ -488,10 +491,17 @@ def test_matmul_token_counts(mmvariant, T):
     """T = 1..13: blocks of 8 tokens (8 outputs a strip), tails of 5-7 tokens, tails of 1-4 (16 outputs a
     strip); n_in mod 4 = 0..3 (odd n_in: the ld1r rows), tile ranges not starting at 0, row gaps in X and
     Y, bias or NULL: bit-exact vs the contract model, within the float64 bound, nothing else written."""
+    matmul_token_counts(mmvariant, T, ((1, 1, 0, 1), (3, 2, 0, 2), (6, 3, 1, 3), (17, 3, 1, 3), (64, 2, 1, 2),
+                                       (65, 4, 1, 3)), seed=700)
+
+
+def matmul_token_counts(mmvariant, T: int, shapes, seed: int) -> None:
+    """T tokens on each (n_in, n_tiles, tile_begin, tile_end) of shapes, with row gaps in X and Y of
+    varying width and a bias on every other one: mm.run_and_check (the contract's bits, the float64 bound,
+    nothing else written)."""
     dtype, runners = mmvariant
-    rng = np.random.default_rng(700 + T)
-    for k, (n_in, nt, tb, te) in enumerate(((1, 1, 0, 1), (3, 2, 0, 2), (6, 3, 1, 3), (17, 3, 1, 3),
-                                           (64, 2, 1, 2), (65, 4, 1, 3))):
+    rng = np.random.default_rng(seed + T)
+    for k, (n_in, nt, tb, te) in enumerate(shapes):
         c = mm.Case(rng, dtype, n_in, nt, T, ldx_pad=(0, 1, 5, 16)[k % 4], ldy_pad=(3, 0, 64, 1)[k % 4],
                     bias=k % 2 == 0)
         mm.run_and_check(runners, c, tb, te, seed=k + T)
@@ -563,24 +573,28 @@ def test_matmul_equals_neon_matvec_rows(lib, dtype):
                                     f"gpt2asm_matvec_{dtype}_neon at outputs {diff[:8] + lo}")
 
 
-@arm_test
-def test_matmul_page_guards(lib):
-    """In a forked child: w (only the range's tiles), scale, b, X (its last row's n_in-th input the last
-    byte before a PROT_NONE page, or its first byte the first after one) and Y (rows of exactly the range:
-    ldy = its outputs) likewise.  Any over-read or over-write faults."""
+# (n_in, n_tiles, T, tile_begin, tile_end, ldx padding) of the page-guard cases
+MM_GUARD_SHAPES = ((1, 3, 1, 1, 3, 0), (7, 4, 7, 2, 3, 3), (65, 2, 13, 0, 2, 0), (130, 3, 6, 1, 2, 5),
+                   (3, 1, 5, 0, 1, 0), (6, 2, 12, 0, 2, 1))
+
+
+def matmul_page_guards(lib, isa: str, dtypes, shapes=MM_GUARD_SHAPES, seed: int = 61) -> None:
+    """In a forked child, gpt2asm_matmul_<dtype>_<isa> with w (only the range's tiles), scale, b, X (its
+    last row's n_in-th input the last byte before a PROT_NONE page, or its first byte the first after
+    one) and Y (rows of exactly the range: ldy = its outputs) likewise.  Any over-read or over-write
+    faults; the results must be the contract's."""
     bind_matmul(lib)
-    rng = np.random.default_rng(61)
+    rng = np.random.default_rng(seed)
     jobs = []
-    for dtype in MM_DTYPES:
-        for n_in, nt, T, tb, te, pad in ((1, 3, 1, 1, 3, 0), (7, 4, 7, 2, 3, 3), (65, 2, 13, 0, 2, 0),
-                                         (130, 3, 6, 1, 2, 5), (3, 1, 5, 0, 1, 0), (6, 2, 12, 0, 2, 1)):
+    for dtype in dtypes:
+        for n_in, nt, T, tb, te, pad in shapes:
             c = mm.Case(rng, dtype, n_in, nt, T, ldx_pad=pad)
             jobs.append((dtype, c, tb, te, mm.contract_ref(c, tb, te)))
 
     def child() -> bool:
         ok = True
         for dtype, c, tb, te, exp in jobs:
-            fn = getattr(lib, f"gpt2asm_matmul_{dtype}_neon")
+            fn = getattr(lib, f"gpt2asm_matmul_{dtype}_{isa}")
             tile_bytes = c.wt[0].nbytes
             nout = TILE * (te - tb)
             for at_end in (True, False):
@@ -600,15 +614,24 @@ def test_matmul_page_guards(lib):
     run_forked(child)
 
 
-def test_matmul_sme2_falls_back_to_neon():
-    """sme2 has no matmul kernels: build.py's lists resolve them to NEON's (exported and checked as neon's
-    EXTRA_OPS), and so does gpt2asm.kernels; every Arm family has the batched kernels (has_matmul)."""
+@arm_test
+def test_matmul_page_guards(lib):
+    """matmul_page_guards for the three NEON kernels."""
+    matmul_page_guards(lib, "neon", MM_DTYPES)
+
+
+def test_matmul_symbols_of_each_arm_family():
+    """sme2 has matmul kernels for f32 and f16 weights (matmul_sme2.S, tested in test_kernels_sme2.py) and
+    none for int8: build.py's lists resolve matmul_q8 to NEON's (exported and checked as neon's EXTRA_OPS),
+    and so does gpt2asm.kernels; every Arm family has the batched kernels (has_matmul)."""
     sys.path.insert(0, str(ROOT))
     import build
     for d in MM_DTYPES:
-        assert build.kernel_symbol(f"matmul_{d}", "sme2") == f"gpt2asm_matmul_{d}_neon"
+        own = d != "q8"
+        assert build.kernel_symbol(f"matmul_{d}", "sme2") == f"gpt2asm_matmul_{d}_{'sme2' if own else 'neon'}"
         assert build.kernel_symbol(f"matmul_{d}", "neon") == f"gpt2asm_matmul_{d}_neon"
         assert f"matmul_{d}" in build.EXTRA_OPS["aarch64"]["neon"]
+        assert (f"matmul_{d}" in build.EXTRA_OPS["aarch64"]["sme2"]) == own
     if not IS_ARM:
         return
     from gpt2asm.kernels import Kernels, available_families
@@ -617,6 +640,7 @@ def test_matmul_sme2_falls_back_to_neon():
         try:
             assert k.has_matmul and k.has_plan          # plan_aarch64.S
             assert k._symbol("matmul_q8") == "gpt2asm_matmul_q8_neon"
+            assert k._symbol("matmul_f16") == f"gpt2asm_matmul_f16_{fam}"
         finally:
             k.close()
 

@@ -1,6 +1,7 @@
-"""checkasm-style tests of the SME2 matrix-vector kernels (asm/aarch64/matvec_sme2.S):
+"""checkasm-style tests of the SME2 kernels (asm/aarch64/matvec_sme2.S, matmul_sme2.S):
 
     gpt2asm_matvec_f32_sme2, gpt2asm_matvec_f16_sme2                     (docs/kernels.md)
+    gpt2asm_matmul_f32_sme2, gpt2asm_matmul_f16_sme2                     (batched prefill; at the end)
 
 They run on AArch64 only: real hardware with SME2, or x86-64 through `make test-arm64`, which runs this
 file under qemu-aarch64 once per streaming vector length (tools/arm64/run_tests.py: -cpu
@@ -441,3 +442,85 @@ def test_svl_1024_refused(lib):
                        text=True, timeout=300)
     assert "svl_bytes 128" in r.stdout, (r.stdout, r.stderr)
     assert "returned" not in r.stdout and r.returncode == -signal.SIGTRAP, (r.returncode, r.stdout, r.stderr)
+
+
+# --------------------------------------------------------------------------------------------------
+# the prefill matmul (matmul_sme2.S): test_kernels_matmul's contract model, cases and test functions,
+# with test_kernels_neon's runner (w 64-byte aligned; X, b, Y, at rotating misalignments inside 4 KiB
+# canaries; inputs unchanged).  A pass is V tokens x 2V outputs (V = SVL / 32: 16, 8, 4), the inputs go
+# through ZA2 in blocks of V: token counts and n_in below cover full and partial blocks of both at every
+# SVL, and 64 / 2V passes a tile.
+
+import test_kernels_matmul as mm  # noqa: E402
+import test_kernels_neon as nk  # noqa: E402
+
+MM_DTYPES = ("f32", "f16")
+
+
+@pytest.fixture(params=MM_DTYPES)
+def mmvariant(request, lib):
+    return request.param, [nk.MatmulRunner(lib, request.param, ISA)]
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33])
+def test_matmul_token_counts(mmvariant, T):
+    """Token blocks of V with every tail, n_in with every input-block tail (1 .. 65), tile ranges not
+    starting at 0, row gaps in X (NaN: read, they would show) and Y (must stay untouched), bias or NULL:
+    bit-exact against the contract model, within the float64 bound."""
+    nk.matmul_token_counts(mmvariant, T, ((1, 1, 0, 1), (3, 2, 0, 2), (6, 3, 1, 3), (17, 3, 1, 3),
+                                          (16, 2, 1, 2), (65, 4, 1, 3)), seed=900)
+
+
+@pytest.mark.parametrize("n_in", [2, 7, 129, 768])
+def test_matmul_sizes(mmvariant, n_in):
+    """Larger n_in with T = 29 and T = 8."""
+    mm.test_sizes(mmvariant, n_in)
+
+
+def test_matmul_empty(mmvariant):
+    """n_tokens = 0 or an empty tile range: nothing is written."""
+    mm.test_empty(mmvariant)
+
+
+def test_matmul_special_values(mmvariant):
+    """NaN / inf in one token's X reach only that token's outputs, NaN / inf weights only their output in
+    every token; overflowing partial sums in the contract's order."""
+    mm.test_special_values(mmvariant)
+
+
+def test_matmul_denormals_and_zeros(mmvariant):
+    mm.test_denormals_and_zeros(mmvariant)
+
+
+@pytest.mark.parametrize("dtype", MM_DTYPES)
+def test_matmul_same_bits_as_neon(lib, dtype):
+    """The NEON matmul of the same library gives the same bits (NaN-ness too, payloads aside) on cases
+    with NaN and infinite inputs and weights, and every row has the bits of the SME2 matvec on it."""
+    sme, neon = nk.MatmulRunner(lib, dtype, ISA), nk.MatmulRunner(lib, dtype, "neon")
+    mvfn = getattr(lib, symbol(dtype))
+    rng = np.random.default_rng(910 + MM_DTYPES.index(dtype))
+    for k, (n_in, nt, T, tb, te) in enumerate(((33, 4, 9, 1, 4), (1, 2, 5, 0, 2), (130, 2, 19, 0, 2),
+                                               (7, 3, 20, 2, 3), (64, 1, 16, 0, 1))):
+        c = mm.Case(rng, dtype, n_in, nt, T, ldx_pad=3, ldy_pad=5, bias=k % 3 != 2)
+        Xi = c.X[:, :n_in]
+        Xi[rng.integers(0, T), rng.integers(0, n_in)] = -np.inf
+        Xi.reshape(-1)[rng.integers(0, Xi.size, 2)] = np.nan
+        c.X[:, :n_in] = Xi
+        c.wt.reshape(-1)[rng.integers(0, c.wt.size, 4)] = np.nan
+        Ys, Yn = sme(c, tb, te, seed=k), neon(c, tb, te, seed=k)
+        ok = same_bits(Ys, Yn)
+        assert ok.all(), f"{dtype}: SME2 and NEON matmul differ at {np.argwhere(~ok)[:6]}"
+        lo, hi = TILE * tb, TILE * te
+        pb = None if c.b is None else c.b.ctypes.data
+        for t in range(T):
+            x = np.ascontiguousarray(c.X[t, :n_in])
+            y = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
+            mvfn(c.wt.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
+            assert same_bits(Ys[t, lo:hi], y[lo:hi]).all(), f"{dtype}: token {t} differs from the SME2 matvec"
+
+
+def test_matmul_page_guards(lib):
+    """test_kernels_neon.matmul_page_guards for the SME2 kernels (token and input blocks of V = 16 with
+    tails among the shapes)."""
+    nk.matmul_page_guards(lib, ISA, MM_DTYPES, nk.MM_GUARD_SHAPES + ((65, 2, 17, 0, 2, 0), (16, 2, 16, 0, 2, 1)),
+                          seed=920)
