@@ -91,7 +91,7 @@ def default_cc(target: str | None) -> str:
 KERNEL_OPS = ("matvec_f32", "matvec_f16", "layernorm_f32", "gelu_f32", "expf_f32", "softmax_f32",
               "attention_f32", "argmax_f32")
 # family -> the ops it implements, per architecture, best family last (the -s order).  sme2 has only the
-# f32 / f16 matrix-vector products (and matmul kernels, EXTRA_OPS); a kernel set using sme2 takes every
+# f32 / f16 matrix-vector products (and the matmul kernels, EXTRA_OPS); a kernel set using sme2 takes every
 # other op from neon (FAMILY_FALLBACK).
 FAMILY_OPS = {
     "x86_64": {"avx2": KERNEL_OPS, "avx512": KERNEL_OPS},
@@ -101,9 +101,9 @@ FAMILY_FALLBACK = {"sme2": "neon"}
 # single ops one family takes from another (gpt2asm.kernels.SHARED_OPS): avx2's binary16-cache attention
 SHARED_OPS = {("avx512", "attention_f16"): "avx2"}
 # exported kernels not bound by name through bound_symbols() (the plan executor and the tests call them):
-# check_exports requires them of a family like its FAMILY_OPS.  sme2 has its own matmul_f32 / matmul_f16
-# and falls back to neon's matvec_q8, matmul_q8 and attention_f16 (kernel_symbol, FAMILY_FALLBACK): neon's
-# entry makes the export check cover them; avx512 takes attention_f16 from avx2 (SHARED_OPS), whose entry covers it, and both x86 plan
+# check_exports requires them of a family like its FAMILY_OPS.  sme2 has its own matmul_* and falls back
+# to neon's matvec_q8 and attention_f16 (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export
+# check cover them; avx512 takes attention_f16 from avx2 (SHARED_OPS), whose entry covers it, and both x86 plan
 # executors call avx2's attention_rows_* (ROWATTN).
 # Every family has its plan executor, decode-step and worker entries (plan_x86.S, plan_aarch64.S: "plan_run",
 # "plan_step", "worker").
@@ -113,7 +113,7 @@ EXTRA_OPS = {
                "avx512": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
     "aarch64": {"neon": ("matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8", "attention_f16", "plan_run",
                          "plan_step", "worker"),
-                "sme2": ("matmul_f32", "matmul_f16", "plan_run", "plan_step", "worker")},
+                "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {

@@ -33,7 +33,7 @@ ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "a
 
 # -s values per architecture: index and name, best last.
 FAMILIES = {"x86_64": ["avx2", "avx512"], "aarch64": ["neon", "sme2"]}
-# a family that lacks an op takes it from this one (sme2 has only the f32 / f16 matrix-vector and matmul kernels)
+# a family that lacks an op takes it from this one (sme2 has only the f32 / f16 matrix-vector and the matmul kernels)
 FAMILY_FALLBACK = {"sme2": "neon"}
 # single ops one family takes from another (the binary16-cache attention of avx2 serves avx512 too)
 SHARED_OPS = {("avx512", "attention_f16"): "avx2"}

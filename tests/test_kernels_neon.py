@@ -621,17 +621,15 @@ def test_matmul_page_guards(lib):
 
 
 def test_matmul_symbols_of_each_arm_family():
-    """sme2 has matmul kernels for f32 and f16 weights (matmul_sme2.S, tested in test_kernels_sme2.py) and
-    none for int8: build.py's lists resolve matmul_q8 to NEON's (exported and checked as neon's EXTRA_OPS),
-    and so does gpt2asm.kernels; every Arm family has the batched kernels (has_matmul)."""
+    """Each Arm family has its own matmul kernels (sme2: matmul_sme2.S, tested in test_kernels_sme2.py),
+    in build.py's lists (exported and checked as EXTRA_OPS) and in gpt2asm.kernels; every Arm family has
+    the batched kernels (has_matmul)."""
     sys.path.insert(0, str(ROOT))
     import build
     for d in MM_DTYPES:
-        own = d != "q8"
-        assert build.kernel_symbol(f"matmul_{d}", "sme2") == f"gpt2asm_matmul_{d}_{'sme2' if own else 'neon'}"
-        assert build.kernel_symbol(f"matmul_{d}", "neon") == f"gpt2asm_matmul_{d}_neon"
-        assert f"matmul_{d}" in build.EXTRA_OPS["aarch64"]["neon"]
-        assert (f"matmul_{d}" in build.EXTRA_OPS["aarch64"]["sme2"]) == own
+        for fam in ("neon", "sme2"):
+            assert build.kernel_symbol(f"matmul_{d}", fam) == f"gpt2asm_matmul_{d}_{fam}"
+            assert f"matmul_{d}" in build.EXTRA_OPS["aarch64"][fam]
     if not IS_ARM:
         return
     from gpt2asm.kernels import Kernels, available_families
@@ -639,7 +637,7 @@ def test_matmul_symbols_of_each_arm_family():
         k = Kernels(fam)
         try:
             assert k.has_matmul and k.has_plan          # plan_aarch64.S
-            assert k._symbol("matmul_q8") == "gpt2asm_matmul_q8_neon"
+            assert k._symbol("matmul_q8") == f"gpt2asm_matmul_q8_{fam}"
             assert k._symbol("matmul_f16") == f"gpt2asm_matmul_f16_{fam}"
         finally:
             k.close()

@@ -14,9 +14,8 @@
  * operation sequence, so results do not depend on the thread count or on who claimed what.
  *
  * Families: plan_run_neon runs every job with NEON kernels.  plan_run_sme2 runs thread 0's matrix-vector
- * and prefill matrix-matrix products (f32, f16 weights) with the SME2 kernels and everything else with
- * NEON's; its workers
- * (gpt2asm_worker_sme2) run NEON only.  SME2 and NEON give the same bits (contract 1), so the split is
+ * products (f32, f16 weights) and prefill matrix-matrix products (every dtype) with the SME2 kernels and
+ * everything else with NEON's; its workers (gpt2asm_worker_sme2) run NEON only.  SME2 and NEON give the same bits (contract 1), so the split is
  * free to choose: on Apple M4 a cluster of cores shares one SME unit, so one streaming-mode thread per
  * process and NEON on the other cores use both the SME unit and the cores' own vector units.
  *
@@ -121,7 +120,7 @@
         .protected gpt2asm_matvec_f32_sme2, gpt2asm_matvec_f16_sme2, gpt2asm_layernorm_f32_neon
         .protected gpt2asm_gelu_f32_neon, gpt2asm_attention_f32_neon, gpt2asm_attention_f16_neon
         .protected gpt2asm_matmul_f32_neon, gpt2asm_matmul_f16_neon, gpt2asm_matmul_q8_neon
-        .protected gpt2asm_matmul_f32_sme2, gpt2asm_matmul_f16_sme2
+        .protected gpt2asm_matmul_f32_sme2, gpt2asm_matmul_f16_sme2, gpt2asm_matmul_q8_sme2
         .protected gpt2asm_argmax_f32_neon, gpt2asm_plan_run_neon, gpt2asm_plan_run_sme2
 #endif
 
@@ -449,7 +448,7 @@ endfunc
 
         /* matmul (w = x0, x = x1, ldx = x2, b = x3, y = x4, ldy = x5, n_tokens = x6, n_in = x7, tile_begin,
          * tile_end = [sp], [sp, #8]; scales in x15) with the kernel of the job's dtype:
-         * gpt2asm_matmul_{f32,f16}_\isa, or NEON's q8, which takes
+         * gpt2asm_matmul_{f32,f16,q8}_\isa; q8 takes
          * (w, scale, x, ldx, b, y, ldy, n_tokens, n_in, tile_begin, tile_end) */
         .macro  mm_call isa
         ldr     w9, [x21, #J_FLAGS]
@@ -466,7 +465,7 @@ endfunc
         stp     x9, x10, [sp, #8]               // tile_begin, tile_end
         str     x7, [sp]                        // n_in
         args_up
-        bl      SYM(gpt2asm_matmul_q8_neon)
+        bl      SYM(gpt2asm_matmul_q8_\isa)
 .Lmm3\@:
         .endm
 
