@@ -707,10 +707,12 @@ class Plan:
         return best
 
     def _check_step(self, token: int, pos: int) -> None:
-        if self.max_token is not None and not 0 <= token < self.max_token:
-            raise InvalidArgumentError(f"token id {token} out of range 0..{self.max_token - 1}")
+        if not (_is_int(token) and _is_int(pos)):
+            raise InvalidArgumentError(f"token id and position must be integers, got {token!r}, {pos!r}")
+        if not 0 <= token < (self.max_token if self.max_token is not None else 1 << 62):
+            raise InvalidArgumentError(f"token id {token} out of range 0..{(self.max_token or 1 << 62) - 1}")
         if not 0 <= pos < (self.max_pos if self.max_pos is not None else 1 << 62):
-            raise InvalidArgumentError(f"position {pos} out of range 0..{self.max_pos - 1}")
+            raise InvalidArgumentError(f"position {pos} out of range 0..{(self.max_pos or 1 << 62) - 1}")
 
     def set_step(self, token: int, pos: int) -> None:
         """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""

@@ -297,11 +297,14 @@ def test_plan_validation(families):
     p.matvec(tile_matrix(np.ones((64, 64), np.float32)), None, None, np.zeros(64, np.float32),
              ln=(xs, np.ones(64, np.float32), np.zeros(64, np.float32)), embed=True)
     p.build()
-    for tok, pos in ((10, 0), (-1, 0), (0, 5), (0, -1)):
+    for tok, pos in ((10, 0), (-1, 0), (0, 5), (0, -1), (1.0, 0), (0, 2.5), (True, 0), ("1", 0)):
         with pytest.raises(InvalidArgumentError):
             p.set_step(tok, pos)
+        with pytest.raises(InvalidArgumentError):
+            p.step(tok, pos)                                         # the one-call step checks the same
     p.set_step(9, 4)
     k.run_plan(p)
+    p.step(np.int64(9), 4)
     k.close()
     other.close()
 
