@@ -128,6 +128,22 @@ _\name:
         .endm
 #endif
 
+        /* the callee-saved registers of AAPCS64 to (\op = stp) or from (\op = ldp) the stack frame:
+         * x19-x28 at [sp, #\off] .. [sp, #\off + 72], d8-d15 at [sp, #\off] .. [sp, #\off + 56] */
+        .macro  callee_x19_x28 op, off
+        \op     x19, x20, [sp, #\off]
+        \op     x21, x22, [sp, #\off+16]
+        \op     x23, x24, [sp, #\off+32]
+        \op     x25, x26, [sp, #\off+48]
+        \op     x27, x28, [sp, #\off+64]
+        .endm
+        .macro  callee_d8_d15 op, off
+        \op     d8, d9, [sp, #\off]
+        \op     d10, d11, [sp, #\off+16]
+        \op     d12, d13, [sp, #\off+32]
+        \op     d14, d15, [sp, #\off+48]
+        .endm
+
         .macro  mov_up dst, src, rest:vararg
         mov     x\dst, x\src
         .ifnb \rest

@@ -323,10 +323,7 @@
         stp     x21, x22, [sp, #16]
         stp     x23, x24, [sp, #32]
         str     x25, [sp, #48]
-        stp     d8, d9, [sp, #64]
-        stp     d10, d11, [sp, #80]
-        stp     d12, d13, [sp, #96]
-        stp     d14, d15, [sp, #112]
+        callee_d8_d15 stp, 64
         lsl     x3, x3, #2                              // ldx in bytes
         lsl     x6, x6, #2                              // ldy in bytes
         lsl     x11, x9, #8                             // 64 floats = 256 bytes of y / b / scale per tile
@@ -396,10 +393,7 @@
 5:
         subs    x9, x9, #1
         b.ne    2b
-        ldp     d8, d9, [sp, #64]
-        ldp     d10, d11, [sp, #80]
-        ldp     d12, d13, [sp, #96]
-        ldp     d14, d15, [sp, #112]
+        callee_d8_d15 ldp, 64
         ldr     x25, [sp, #48]
         ldp     x23, x24, [sp, #32]
         ldp     x21, x22, [sp, #16]

@@ -90,15 +90,8 @@
         cbz     x6, 99f                         // no tokens
         stp     x29, x30, [sp, #-160]!
         mov     x29, sp
-        stp     x19, x20, [sp, #16]
-        stp     x21, x22, [sp, #32]
-        stp     x23, x24, [sp, #48]
-        stp     x25, x26, [sp, #64]
-        stp     x27, x28, [sp, #80]
-        stp     d8, d9, [sp, #96]               // smstart / smstop zero v8-v15
-        stp     d10, d11, [sp, #112]
-        stp     d12, d13, [sp, #128]
-        stp     d14, d15, [sp, #144]
+        callee_x19_x28 stp, 16
+        callee_d8_d15 stp, 96                   // smstart / smstop zero v8-v15
         lsl     x2, x2, #2                      // ldx, ldy: floats -> bytes
         lsl     x5, x5, #2
         lsl     x16, x8, #8                     // 64 floats = 256 bytes of b / y per tile
@@ -232,15 +225,8 @@
         subs    x8, x8, #1
         b.ne    2b
         smstop
-        ldp     d14, d15, [sp, #144]
-        ldp     d12, d13, [sp, #128]
-        ldp     d10, d11, [sp, #112]
-        ldp     d8, d9, [sp, #96]
-        ldp     x27, x28, [sp, #80]
-        ldp     x25, x26, [sp, #64]
-        ldp     x23, x24, [sp, #48]
-        ldp     x21, x22, [sp, #32]
-        ldp     x19, x20, [sp, #16]
+        callee_d8_d15 ldp, 96
+        callee_x19_x28 ldp, 16
         ldp     x29, x30, [sp], #160
 99:
         ret

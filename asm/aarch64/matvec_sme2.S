@@ -381,10 +381,8 @@
         madd    x0, x6, x9, x0                  // w += tile_begin * tile bytes
         mov     x6, x9
         lsr     x7, x4, #2
-        stp     d8, d9, [sp, #-64]!             // smstart/smstop zero v8-v15
-        stp     d10, d11, [sp, #16]
-        stp     d12, d13, [sp, #32]
-        stp     d14, d15, [sp, #48]
+        sub     sp, sp, #64                     // smstart/smstop zero v8-v15
+        callee_d8_d15 stp, 0
         rdsvl   x10, #1                         // SVL in bytes (legal outside streaming mode)
         smstart                                 // streaming mode + ZA (Z, P and ZA now zero)
         ptrue   p0.s
@@ -436,10 +434,8 @@
 
 8:
         smstop                                  // back to non-streaming, ZA off
-        ldp     d10, d11, [sp, #16]
-        ldp     d12, d13, [sp, #32]
-        ldp     d14, d15, [sp, #48]
-        ldp     d8, d9, [sp], #64
+        callee_d8_d15 ldp, 0
+        add     sp, sp, #64
 9:
         ret
         .endm

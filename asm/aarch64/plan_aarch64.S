@@ -575,11 +575,7 @@ function plan_jobs_\isa, align=5
         sub     sp, sp, #FRAME
         stp     x29, x30, [sp, #144]
         add     x29, sp, #144
-        stp     x19, x20, [sp, #64]
-        stp     x21, x22, [sp, #80]
-        stp     x23, x24, [sp, #96]
-        stp     x25, x26, [sp, #112]
-        stp     x27, x28, [sp, #128]
+        callee_x19_x28 stp, 64
         mov     x19, x0
         mov     x20, x1
         mov     x21, x2
@@ -887,11 +883,7 @@ function plan_jobs_\isa, align=5
         cmp     x21, x25
         b.lo    .Ljob_\isa
 .Lret_\isa:
-        ldp     x19, x20, [sp, #64]
-        ldp     x21, x22, [sp, #80]
-        ldp     x23, x24, [sp, #96]
-        ldp     x25, x26, [sp, #112]
-        ldp     x27, x28, [sp, #128]
+        callee_x19_x28 ldp, 64
         ldp     x29, x30, [sp, #144]
         add     sp, sp, #FRAME
         ret
