@@ -725,7 +725,6 @@ class Plan:
         (gpt2asm_plan_step_<isa>), which also reduces the argmax job's per-thread slots for first_max().
         A decode step's Python is mostly cache misses (the weights have just streamed through every
         cache): each numpy or ctypes operation saved here saves microseconds per token."""
-        self._check_step(token, pos)
         self.k.run_step(self, token, pos)
 
     def set_rows(self, n_tok: int, pos: int) -> None:
@@ -888,8 +887,7 @@ class Kernels:
 
     def run_plan(self, plan: Plan, job_begin: int = 0, job_end: int | None = None) -> None:
         """Run jobs [job_begin, job_end) of a built plan with every thread of the pool (one at a time)."""
-        if plan.k is not self or plan.buf is None:
-            raise InvalidArgumentError("run_plan: a built plan of this Kernels object is needed")
+        self._check_own(plan, "run_plan")
         n = plan.n_jobs
         if job_end is None:
             job_end = n
@@ -900,13 +898,17 @@ class Kernels:
             self.plan_run(self._ctx_addr, plan.addr, job_begin, job_end)
 
     def run_step(self, plan: Plan, token: int, pos: int) -> None:
-        """Plan.step: token and pos (checked by the plan), every job, and the argmax slots reduced, in one
-        call (gpt2asm_plan_step_<isa>)."""
-        if plan.k is not self or plan.buf is None:
-            raise InvalidArgumentError("run_step: a built plan of this Kernels object is needed")
+        """Plan.step: token and pos (checked against the plan's limits), every job, and the argmax slots
+        reduced, in one call (gpt2asm_plan_step_<isa>)."""
+        self._check_own(plan, "run_step")
+        plan._check_step(token, pos)
         plan._max = None
         with self._lock:
             plan._max = self.plan_step(self._ctx_addr, plan.addr, token, pos)
+
+    def _check_own(self, plan: Plan, who: str) -> None:
+        if plan.k is not self or plan.buf is None:
+            raise InvalidArgumentError(f"{who}: a built plan of this Kernels object is needed")
 
     # -- parallel dispatch over prevalidated addresses (per-call path) --------------------------------
 
