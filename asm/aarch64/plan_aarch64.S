@@ -37,83 +37,9 @@
  */
 #include "asm.S"
 
-/* ---- pool context (pool_t, 256 bytes, 64-byte aligned, zeroed by Python) ----------------------- */
-#define CTX_SEQ             0       /* u32: plan generation; workers wait for it to change          */
-#define CTX_SEQ_SLEEPERS    4       /* u32: workers parked on CTX_SEQ                               */
-#define CTX_SHUTDOWN        8       /* u32: 1 = workers return                                      */
-#define CTX_NTHREADS        12      /* u32: participants, the caller included (1 = no workers)      */
-#define CTX_PLAN            16      /* u64: plan of the current run                                 */
-#define CTX_FIRST           24      /* u64: address of its first job record                         */
-#define CTX_END             32      /* u64: address past its last job record                        */
-#define CTX_SPIN            40      /* u64: nanoseconds to spin before parking                      */
-#define CTX_YIELD           48      /* u64: nanoseconds after which a spinning thread yields        */
-#define CTX_DONE            64      /* u32: arrivals at the last job of the run (own cache line)    */
-#define CTX_DONE_SLEEPERS   68      /* u32                                                           */
-#define CTX_PARKS           128     /* u64: futex waits so far (statistics; own cache line)         */
-
-/* ---- plan header (plan_t, 128 bytes): see plan_x86.S and docs/kernels.md ------------------------- */
-#define PL_TOKEN            0
-#define PL_POS              8
-#define PL_NJOBS            16      /* u64: job records that follow                                  */
-#define PL_PRIV             24
-#define PL_PRIV_STRIDE      32
-#define PL_C                40
-#define PL_WTE              48
-#define PL_WPE              56
-#define PL_X                64
-#define PL_H_OFF            72
-#define PL_E_OFF            80
-#define PL_S_OFF            88
-#define PL_NTOK             96
-#define PL_KV_OFF           104
-#define PL_ARGMAX           112     /* the ARGMAX job's slots, 0 if none (gpt2asm_plan_step)      */
-#define PL_HEADER           128
-
-/* ---- job record (256 bytes) ------------------------------------------------------------------------ */
-#define J_KIND              0
-#define J_FLAGS             4
-#define J_N                 8
-#define J_CHUNK             16
-#define J_W                 24
-#define J_B                 32
-#define J_Y                 40
-#define J_NIN               48
-#define J_X                 56
-#define J_G                 64
-#define J_BETA              72
-#define J_A0                80
-#define J_A1                88
-#define J_A2                96
-#define J_A3                104
-#define J_A4                112
-#define J_TILEB             120
-#define J_SCALE             128
-#define J_LDX               136
-#define J_LDY               144
-#define J_LDR               152
-#define J_CLAIM             192
-#define J_ARRIVE            200
-#define J_SLEEPERS          204
-#define J_SIZE              256
-
-#define KIND_MATVEC         0
-#define KIND_QKV            1
-#define KIND_ATTN           2
-#define KIND_MATMUL         3
-#define KIND_ROWLN          4
-#define KIND_ROWATTN        5
-
-#define PRO_MASK            3
-#define B_PRO_EMBED         1       /* bit of PRO_EMBED (2)                                          */
-#define B_F16               2       /* bit of FL_F16 (4); FL_F16 | FL_Q8 = 0xc                       */
-#define EPI_MASK            0x30
-#define EPI_GELU            0x10
-#define EPI_RESID           0x20
-#define EPI_ARGMAX          0x30
-#define B_EPI_GELU          4
-#define B_ROWS              6       /* bit of FL_ROWS (0x40)                                         */
-#define B_KV                7       /* bit of FL_KV (0x80)                                           */
-#define B_KV16              14      /* bit of FL_KV16 (0x4000)                                       */
+/* the records, kinds and flags: asm/plan_abi.h (this file also emits its table, gpt2asm_plan_abi) */
+#define PLAN_ABI_TABLE
+#include "plan_abi.h"
 
 #ifdef GPT2ASM_ELF
         .protected gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon

@@ -39,91 +39,9 @@
  */
 #include "asm.S"
 
-/* ---- pool context (pool_t, 256 bytes, 64-byte aligned, zeroed by Python) ----------------------- */
-#define CTX_SEQ             0       /* u32: plan generation; workers wait for it to change          */
-#define CTX_SEQ_SLEEPERS    4       /* u32: workers parked on CTX_SEQ                               */
-#define CTX_SHUTDOWN        8       /* u32: 1 = workers return                                      */
-#define CTX_NTHREADS        12      /* u32: participants, the caller included (1 = no workers)      */
-#define CTX_PLAN            16      /* u64: plan of the current run                                 */
-#define CTX_FIRST           24      /* u64: address of its first job record                         */
-#define CTX_END             32      /* u64: address past its last job record                        */
-#define CTX_SPIN            40      /* u64: TSC ticks to spin before parking                        */
-#define CTX_YIELD           48      /* u64: TSC ticks after which a spinning thread yields each round */
-#define CTX_DONE            64      /* u32: arrivals at the last job of the run (own cache line)    */
-#define CTX_DONE_SLEEPERS   68      /* u32                                                           */
-#define CTX_PARKS           128     /* u64: futex waits so far (statistics; own cache line)         */
-
-/* ---- plan header (plan_t, 128 bytes) ------------------------------------------------------------ */
-#define PL_TOKEN            0       /* u64: token id of this step (Python checks < vocab)          */
-#define PL_POS              8       /* u64: its position (Python checks < n_ctx)                    */
-#define PL_NJOBS            16      /* u64: job records that follow                                  */
-#define PL_PRIV             24      /* u64: private area of thread 0 (64-byte aligned)               */
-#define PL_PRIV_STRIDE      32      /* u64: bytes between the private areas of threads t and t+1     */
-#define PL_C                40      /* u64: n_embd (embedding length, a multiple of 16)              */
-#define PL_WTE              48      /* u64: wte [vocab][C]                                           */
-#define PL_WPE              56      /* u64: wpe [n_ctx][C]                                           */
-#define PL_X                64      /* u64: residual stream x [C] (the embedding of thread 0)        */
-#define PL_H_OFF            72      /* u64: offset of the LayerNorm output in a private area        */
-#define PL_E_OFF            80      /* u64: offset of the embedding copy of threads >= 1             */
-#define PL_S_OFF            88      /* u64: offset of the attention scratch                          */
-#define PL_NTOK             96      /* u64: rows of a prefill run (row jobs: items = J_N * PL_NTOK)  */
-#define PL_KV_OFF           104     /* u64: offset of the k / v staging rows (FL_KV16: float32 rows of
-                                       64, one for QKV, PL_NTOK for MATMUL+KV) in a private area      */
-#define PL_ARGMAX           112     /* u64: the ARGMAX job's slots (n_threads x 16 bytes), 0 if none:
-                                       gpt2asm_plan_step reduces them                                 */
-#define PL_HEADER           128
-
-/* ---- job record (256 bytes: three read-only cache lines, then the counters' own line) ------------ */
-#define J_KIND              0       /* u32: KIND_*                                                   */
-#define J_FLAGS             4       /* u32: prologue | dtype | epilogue | ROWS | KV | claim shift << 8 */
-#define J_N                 8       /* u64: work items (tiles, heads; row jobs: per row)             */
-#define J_CHUNK             16      /* u64: items per claim (guided: the minimum), >= 1              */
-#define J_W                 24      /* u64: tiled weights                                            */
-#define J_B                 32      /* u64: bias or 0                                                */
-#define J_Y                 40      /* u64: output (MATVEC, MATMUL, ROWLN); q / qkv (QKV); q (ATTN,
-                                       ROWATTN)                                                       */
-#define J_NIN               48      /* u64: matvec / matmul inputs (= LayerNorm length)             */
-#define J_X                 56      /* u64: matvec / matmul input, or the LayerNorm source           */
-#define J_G                 64      /* u64: LayerNorm gain                                           */
-#define J_BETA              72      /* u64: LayerNorm bias                                           */
-#define J_A0                80      /* u64: RESID: x;  QKV, ATTN, ROWATTN, MATMUL+KV: k cache         */
-#define J_A1                88      /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: v cache                    */
-#define J_A2                96      /* u64: QKV, ATTN, ROWATTN: attention output                     */
-#define J_A3                104     /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: head stride (elements)    */
-#define J_A4                112     /* u64: ATTN: n_pos;  MATMUL+KV: n_head                          */
-#define J_TILEB             120     /* u64: bytes of one weight tile (n_in * 64 * element size)     */
-#define J_SCALE             128     /* u64: q8: per-output scales (float [64 n_tiles]), else 0       */
-#define J_LDX               136     /* u64: row jobs: floats between input rows                      */
-#define J_LDY               144     /* u64: row jobs: floats between output rows                     */
-#define J_LDR               152     /* u64: MATMUL+RESID: floats between rows of the residual (A0)   */
-#define J_CLAIM             192     /* u64: next unclaimed item (zeroed by plan_run)                */
-#define J_ARRIVE            200     /* u32: threads done with the job (zeroed by plan_run)          */
-#define J_SLEEPERS          204     /* u32: threads parked on J_ARRIVE                               */
-#define J_SIZE              256
-
-#define KIND_MATVEC         0
-#define KIND_QKV            1
-#define KIND_ATTN           2
-#define KIND_MATMUL         3
-#define KIND_ROWLN          4
-#define KIND_ROWATTN        5
-
-#define PRO_MASK            3
-#define PRO_LN              1       /* LayerNorm(J_X) -> private h; the matvec reads h               */
-#define PRO_EMBED           2       /* with PRO_LN: x = wte[token] + wpe[pos] first (thread 0 into PL_X,
-                                       the others into a private copy that their LayerNorm reads)     */
-#define FL_F16              4       /* weights: binary16 (F16), int8 + J_SCALE (Q8), else binary32   */
-#define FL_Q8               8
-#define EPI_MASK            0x30
-#define EPI_GELU            0x10    /* y = gelu(y) over the claimed tiles                            */
-#define EPI_RESID           0x20    /* x[o] = x[o] + y[o] over the claimed tiles                     */
-#define EPI_ARGMAX          0x30    /* MATVEC: the first maximum of y[0 .. a1) into the thread's slot
-                                       of a0 (greedy sampling on outputs still in cache; see below)  */
-#define FL_ROWS             0x40    /* items = J_N * PL_NTOK (ROWLN, ROWATTN)                         */
-#define FL_KV               0x80    /* MATMUL of c_attn: tiles [H, 3H) into the k / v caches          */
-#define ROWATTN_ROWS        4       /* ROWATTN: query rows per gpt2asm_attention_rows call (kernels.py) */
-#define FL_KV16             0x4000  /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
-                                       halves; J_A3 counts elements); bits 8-13 are the claim shift   */
+/* the records, kinds and flags: asm/plan_abi.h (this file also emits its table, gpt2asm_plan_abi) */
+#define PLAN_ABI_TABLE
+#include "plan_abi.h"
 
 /* ---- calls to the kernels (other objects of this library) --------------------------------------- */
 #ifndef GPT2ASM_MACHO
