@@ -115,10 +115,11 @@ EXTRA_OPS = {
                          "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
-# bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
+# bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family (gpt2asm_plan_abi, the table of
+# asm/plan_abi.h: by tests/test_plan_abi.py)
 COMMON_SYMBOLS = {
-    "x86_64": ("gpt2asm_build_id", "gpt2asm_cpuid", "gpt2asm_xgetbv"),
-    "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl"),
+    "x86_64": ("gpt2asm_build_id", "gpt2asm_cpuid", "gpt2asm_xgetbv", "gpt2asm_plan_abi"),
+    "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl", "gpt2asm_plan_abi"),
 }
 # bound by tools/ (bench)
 TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2", "gpt2asm_fmapeak_f32_avx2"),

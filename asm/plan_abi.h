@@ -9,7 +9,8 @@
  *     compares with the Python mirror entry by entry.
  * docs/kernels.md ("Thread pool and plans") describes what the fields mean.
  *
- * Format (gpt2asm/plan_abi.py reads it, so keep to it):
+ * Format (gpt2asm/plan_abi.py reads it, so keep to it; no spaces inside an expression: an assembler
+ * macro argument ends at a space, e.g. `if_flag FL_KV16, 1f`):
  *   #define NAME EXPR      an integer: a decimal or hex number, or an expression (| & << >> + - * ~ and
  *                          parentheses) of numbers and names defined above it.  Comments are C comments.
  *   PLAN_FIELD(NAME, TYPE, RECORD_SIZE, key)   in the index at the end: NAME is a field (TYPE u32 or
@@ -114,21 +115,21 @@
 #define CLAIM_SHIFT_BITS    6
 #define B_KV16              14      /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
                                        halves; J_A3 counts elements)                                  */
-#define PRO_LN              (1 << B_PRO_LN)
-#define PRO_EMBED           (1 << B_PRO_EMBED)
-#define PRO_MASK            (PRO_LN | PRO_EMBED)
-#define FL_F16              (1 << B_F16)
-#define FL_Q8               (1 << B_Q8)
-#define FL_DTYPE_MASK       (FL_F16 | FL_Q8)
-#define EPI_MASK            (3 << B_EPI)
-#define EPI_GELU            (1 << B_EPI)    /* y = gelu(y) over the claimed tiles                    */
-#define EPI_RESID           (2 << B_EPI)    /* x[o] = x[o] + y[o] over the claimed tiles             */
-#define EPI_ARGMAX          (3 << B_EPI)    /* MATVEC: the first maximum of y[0 .. a1) into the thread's
+#define PRO_LN              (1<<B_PRO_LN)
+#define PRO_EMBED           (1<<B_PRO_EMBED)
+#define PRO_MASK            (PRO_LN|PRO_EMBED)
+#define FL_F16              (1<<B_F16)
+#define FL_Q8               (1<<B_Q8)
+#define FL_DTYPE_MASK       (FL_F16|FL_Q8)
+#define EPI_MASK            (3<<B_EPI)
+#define EPI_GELU            (1<<B_EPI)    /* y = gelu(y) over the claimed tiles                    */
+#define EPI_RESID           (2<<B_EPI)    /* x[o] = x[o] + y[o] over the claimed tiles             */
+#define EPI_ARGMAX          (3<<B_EPI)    /* MATVEC: the first maximum of y[0 .. a1) into the thread's
                                                slot of a0 (greedy sampling on outputs still in cache) */
-#define FL_ROWS             (1 << B_ROWS)
-#define FL_KV               (1 << B_KV)
-#define CLAIM_SHIFT_MASK    (((1 << CLAIM_SHIFT_BITS) - 1) << B_CLAIM_SHIFT)
-#define FL_KV16             (1 << B_KV16)
+#define FL_ROWS             (1<<B_ROWS)
+#define FL_KV               (1<<B_KV)
+#define CLAIM_SHIFT_MASK    (((1<<CLAIM_SHIFT_BITS)-1)<<B_CLAIM_SHIFT)
+#define FL_KV16             (1<<B_KV16)
 
 /* ---- the ARGMAX job's per-thread slots (at J_A0 + ARGMAX_SLOT * tid; PL_ARGMAX) -------------------- */
 #define ARGMAX_SLOT         16      /* bytes                                                           */

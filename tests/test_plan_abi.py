@@ -190,3 +190,28 @@ def test_docs_tables_match_the_header():
     assert seen["pool"] == set(abi.POOL), "docs: pool_t fields missing"
     assert seen["header"] == set(abi.HEADER), "docs: header fields missing"
     assert seen["job"] == set(abi.JOB), "docs: job fields missing"
+
+
+@pytest.mark.parametrize("kind", [abi.KIND_COUNT, 99, (1 << 32) - 1])
+def test_unknown_kind_takes_the_guard_entry(kind):
+    """The executors reach a kind's routine through a jump table; a kind past it (Python never builds
+    one) takes the guard entry: no work, the barrier, the next job -- never a wild jump."""
+    import numpy as np
+    from gpt2asm.weights import aligned_zeros
+    k = kernels.Kernels(threads=1)
+    try:
+        p = k.new_plan()
+        x, y = aligned_zeros((2, 64), np.float32), aligned_zeros((2, 64), np.float32)
+        for _ in range(2):
+            p.rows_layernorm(x, np.ones(64, np.float32), np.ones(64, np.float32), y)
+        p.build()
+        p.set_rows(2, 0)
+        p.buf[abi.PL_HEADER + abi.J_KIND:abi.PL_HEADER + abi.J_KIND + 4].view(np.uint32)[0] = kind
+        k.run_plan(p)
+        assert (y == 1).all()                   # the second job ran: layernorm(0) * 1 + 1
+        y[:] = 0
+        p.buf[abi.PL_HEADER + abi.J_SIZE + abi.J_KIND:][:4].view(np.uint32)[0] = kind
+        k.run_plan(p)
+        assert (y == 0).all()                   # neither ran
+    finally:
+        k.close()
