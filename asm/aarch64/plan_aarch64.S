@@ -607,8 +607,9 @@ endfunc
          * RESID x += y, or ARGMAX into this thread's 16-byte slot at a0 + 16 tid: { u64 index of its
          * first maximum so far (SIZE_MAX: none yet), f32 its value, u32 1 if a NaN or an infinity was
          * seen } over the outputs < a1 of its claims, which ascend) */
-/* kind_matvec_<isa> (KIND_MATVEC): entered by branch from plan_jobs_<isa> (the common contract
- * above); x24 = the job's input after job_prologue; x27, x28 the claim; frame F_H (ARGMAX: o0).  Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+/* kind_matvec_<isa> (KIND_MATVEC): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x24 = the job's input after job_prologue; x27, x28 the claim; frame F_H (ARGMAX: o0). Leaves by
+ * `claim` branching to .Lbarrier_<isa> once no item is left. */
 function kind_matvec_\isa
 .Lmatvec_\isa:
         job_prologue
@@ -676,8 +677,9 @@ endfunc
 
         /* ---- QKV: for the claimed heads [h0, h1): the q tiles (one call), the k tiles and the v tiles
          * (one call per tile, straight into the cache), then their attention (one call) */
-/* kind_qkv_<isa> (KIND_QKV): entered by branch from plan_jobs_<isa> (the common contract
- * above); x24 = the job's input after job_prologue; x27, x28 the claimed heads; frame F_H (head), F_KVDST.  Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+/* kind_qkv_<isa> (KIND_QKV): entered by branch from plan_jobs_<isa> (the common contract above); x24 =
+ * the job's input after job_prologue; x27, x28 the claimed heads; frame F_H (head), F_KVDST. Leaves by
+ * `claim` branching to .Lbarrier_<isa> once no item is left. */
 function kind_qkv_\isa
 .Lqkv_\isa:
         job_prologue
@@ -700,8 +702,8 @@ function kind_qkv_\isa
 endfunc
 
         /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
-/* kind_attn_<isa> (KIND_ATTN): entered by branch from plan_jobs_<isa> (the common contract
- * above); x27, x28 the claimed heads.  Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+/* kind_attn_<isa> (KIND_ATTN): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x27, x28 the claimed heads. Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
 function kind_attn_\isa
 .Lattn_\isa:
         claim   .Lbarrier_\isa
@@ -715,8 +717,9 @@ endfunc
          * over the PL_NTOK rows of x into y, as tiles [0, 1) of the pointers shifted to tau; with FL_KV
          * the tiles [H, 2H) and [2H, 3H) (H = J_A4) go to the k / v cache rows pos ..; then the epilogue
          * on the tile's 64 outputs of every row: GELU in place, or RESID r[t ldr + o] += y[t ldy + o]. */
-/* kind_matmul_<isa> (KIND_MATMUL): entered by branch from plan_jobs_<isa> (the common contract
- * above); x27, x28 the claimed tiles; frame F_H (tile tau), F_ROW (epilogue row), F_KVDST.  Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+/* kind_matmul_<isa> (KIND_MATMUL): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x27, x28 the claimed tiles; frame F_H (tile tau), F_ROW (epilogue row), F_KVDST. Leaves by `claim`
+ * branching to .Lbarrier_<isa> once no item is left. */
 function kind_matmul_\isa
 .Lmatmul_\isa:
         claim   .Lbarrier_\isa
@@ -811,8 +814,9 @@ function kind_matmul_\isa
 endfunc
 
         /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
-/* kind_rowln_<isa> (KIND_ROWLN): entered by branch from plan_jobs_<isa> (the common contract
- * above); x27, x28 the claimed rows; frame F_H (row).  Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+/* kind_rowln_<isa> (KIND_ROWLN): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x27, x28 the claimed rows; frame F_H (row). Leaves by `claim` branching to .Lbarrier_<isa> once no
+ * item is left. */
 function kind_rowln_\isa
 .Lrowln_\isa:
         claim   .Lbarrier_\isa
@@ -839,7 +843,8 @@ endfunc
          * attention of head h of query row t (J_Y + t ldx) over positions 0 .. pos + t into out row t
          * (J_A2 + t ldy) */
 /* kind_rowattn_<isa> (KIND_ROWATTN): entered by branch from plan_jobs_<isa> (the common contract
- * above); x27, x28 the claimed items; frame F_H (item).  Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+ * above); x27, x28 the claimed items; frame F_H (item). Leaves by `claim` branching to .Lbarrier_<isa>
+ * once no item is left. */
 function kind_rowattn_\isa
 .Lrowattn_\isa:
         claim   .Lbarrier_\isa

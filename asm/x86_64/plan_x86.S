@@ -634,8 +634,9 @@ plan_jobs_\isa:
          * none yet), f32 its value, u32 1 if a NaN or an infinity was seen }, over the outputs < a1 of
          * its claims (which ascend: a later claim only wins with a strictly larger value). */
         .p2align 4
-/* kind_matvec_<isa> (KIND_MATVEC): entered by jump from plan_jobs_<isa> (the common contract
- * above); rbp = the job's input after job_prologue; frame F_T0, F_T1 (claim), F_H (ARGMAX: o0).  Leaves by `claim` jumping to .Lbarrier_<isa> once no item is left. */
+/* kind_matvec_<isa> (KIND_MATVEC): entered by jump from plan_jobs_<isa> (the common contract above);
+ * rbp = the job's input after job_prologue; frame F_T0, F_T1 (claim), F_H (ARGMAX: o0). Leaves by
+ * `claim` jumping to .Lbarrier_<isa> once no item is left. */
 kind_matvec_\isa:
 .Lmatvec_\isa:
         job_prologue \isa, mv
@@ -708,8 +709,9 @@ kind_matvec_\isa:
          * (one call per tile, straight into the cache), then their attention (one call).  Each third of
          * c_attn is read front to back, so a claim of several heads is one forward stream per third. */
         .p2align 4
-/* kind_qkv_<isa> (KIND_QKV): entered by jump from plan_jobs_<isa> (the common contract
- * above); rbp = the job's input after job_prologue; frame F_T0, F_T1, F_H (head), F_KVDST.  Leaves by `claim` jumping to .Lbarrier_<isa> once no item is left. */
+/* kind_qkv_<isa> (KIND_QKV): entered by jump from plan_jobs_<isa> (the common contract above); rbp =
+ * the job's input after job_prologue; frame F_T0, F_T1, F_H (head), F_KVDST. Leaves by `claim` jumping
+ * to .Lbarrier_<isa> once no item is left. */
 kind_qkv_\isa:
 .Lqkv_\isa:
         job_prologue \isa, qkv
@@ -742,8 +744,9 @@ kind_qkv_\isa:
 
         /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
         .p2align 4
-/* kind_attn_<isa> (KIND_ATTN): entered by jump from plan_jobs_<isa> (the common contract
- * above); frame F_T0, F_T1 (claimed heads); rbp unused.  Leaves by `claim` jumping to .Lbarrier_<isa> once no item is left. */
+/* kind_attn_<isa> (KIND_ATTN): entered by jump from plan_jobs_<isa> (the common contract above); frame
+ * F_T0, F_T1 (claimed heads); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no item is
+ * left. */
 kind_attn_\isa:
 .Lattn_\isa:
         claim   .Lbarrier_\isa
@@ -759,8 +762,9 @@ kind_attn_\isa:
          * then the epilogue on the tile's 64 outputs of every row: GELU in place, or RESID
          * r[t ldr + o] = r[t ldr + o] + y[t ldy + o]. */
         .p2align 4
-/* kind_matmul_<isa> (KIND_MATMUL): entered by jump from plan_jobs_<isa> (the common contract
- * above); frame F_T0, F_T1, F_H (tile tau), F_ROW (epilogue row), F_KVDST; rbp unused.  Leaves by `claim` jumping to .Lbarrier_<isa> once no item is left. */
+/* kind_matmul_<isa> (KIND_MATMUL): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (tile tau), F_ROW (epilogue row), F_KVDST; rbp unused. Leaves by `claim`
+ * jumping to .Lbarrier_<isa> once no item is left. */
 kind_matmul_\isa:
 .Lmatmul_\isa:
         claim   .Lbarrier_\isa
@@ -863,8 +867,9 @@ kind_matmul_\isa:
 
         /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
         .p2align 4
-/* kind_rowln_<isa> (KIND_ROWLN): entered by jump from plan_jobs_<isa> (the common contract
- * above); frame F_T0, F_T1, F_H (row); rbp unused.  Leaves by `claim` jumping to .Lbarrier_<isa> once no item is left. */
+/* kind_rowln_<isa> (KIND_ROWLN): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (row); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no item
+ * is left. */
 kind_rowln_\isa:
 .Lrowln_\isa:
         claim   .Lbarrier_\isa
@@ -899,8 +904,9 @@ kind_rowln_\isa:
          * rows the 4 rows share once; with fewer such items left, one row per call of the single-row
          * kernel (a rows call costs the same for 1 to 4 rows, about 3.2 single-row calls). */
         .p2align 4
-/* kind_rowattn_<isa> (KIND_ROWATTN): entered by jump from plan_jobs_<isa> (the common contract
- * above); frame F_T0, F_T1, F_H (item); rbp unused.  Leaves by `claim` jumping to .Lbarrier_<isa> once no item is left. */
+/* kind_rowattn_<isa> (KIND_ROWATTN): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (item); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no item
+ * is left. */
 kind_rowattn_\isa:
 .Lrowattn_\isa:
         claim   .Lbarrier_\isa
