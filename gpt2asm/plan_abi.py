@@ -8,8 +8,8 @@ record, the job kinds and the flags) when this module is imported -- nothing her
     abi.ENTRIES         the index, in order: (name, size, value), the rows of the library's table
                         gpt2asm_plan_abi (tests/test_plan_abi.py compares them)
 
-The header: a checkout's asm/plan_abi.h, or in an installed wheel the copy build.py puts beside this
-module (gpt2asm/plan_abi.h), which was built into the wheel's library.  Its format is described at its top.
+The header: a checkout's asm/plan_abi.h (the sources of its library), else -- an installed wheel -- the
+copy build.py puts beside this module (gpt2asm/plan_abi.h), which was built into the wheel's library.  Its format is described at its top.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 _HERE = Path(__file__).resolve().parent
-HEADER_PATHS = (_HERE / "plan_abi.h", _HERE.parent / "asm" / "plan_abi.h")   # wheel, checkout
+HEADER_PATHS = (_HERE.parent / "asm" / "plan_abi.h", _HERE / "plan_abi.h")   # checkout, wheel
 _TYPES = {"u32": 4, "u64": 8}
 _OPS = (ast.BitOr, ast.BitAnd, ast.BitXor, ast.LShift, ast.RShift, ast.Add, ast.Sub, ast.Mult)
 
