@@ -115,10 +115,11 @@ EXTRA_OPS = {
                          "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
-# bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
+# bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family (gpt2asm_plan_abi, the table of
+# asm/plan_abi.h: by tests/test_plan_abi.py)
 COMMON_SYMBOLS = {
-    "x86_64": ("gpt2asm_build_id", "gpt2asm_cpuid", "gpt2asm_xgetbv"),
-    "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl"),
+    "x86_64": ("gpt2asm_build_id", "gpt2asm_cpuid", "gpt2asm_xgetbv", "gpt2asm_plan_abi"),
+    "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl", "gpt2asm_plan_abi"),
 }
 # bound by tools/ (bench)
 TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2", "gpt2asm_fmapeak_f32_avx2"),
@@ -210,9 +211,11 @@ def lib_name(target: str | None = None) -> str:
 
 
 def sources(arch: str) -> list[Path]:
-    """Every file of asm/<arch>/ (kernels and headers), in a fixed order."""
+    """Every file of asm/<arch>/ (kernels and headers), then the shared headers of asm/ (plan_abi.h), in
+    a fixed order."""
     d = ROOT / "asm" / arch
-    return sorted(p for p in d.iterdir() if p.is_file() and p.suffix in (".S", ".h", ".inc"))
+    return (sorted(p for p in d.iterdir() if p.is_file() and p.suffix in (".S", ".h", ".inc"))
+            + sorted(p for p in (ROOT / "asm").iterdir() if p.is_file() and p.suffix == ".h"))
 
 
 def source_hash(arch: str) -> str:
@@ -228,7 +231,7 @@ def compile_library(out_dir: Path, cc: str | None = None, target: str | None = N
     arch = target_arch(target)
     cc = cc or default_cc(target)
     units = [p for p in sources(arch) if p.suffix == ".S" and "_" in p.stem]
-    flags = ["-x", "assembler-with-cpp", f"-I{ROOT / 'asm' / arch}",
+    flags = ["-x", "assembler-with-cpp", f"-I{ROOT / 'asm' / arch}", f"-I{ROOT / 'asm'}",
              f'-DGPT2ASM_BUILD_ID="{source_hash(arch)}"']
     if target:
         flags.append(f"--target={target}")
@@ -400,6 +403,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     w = _Wheel(wheel_directory)
     for f in sorted(PKG.glob("*.py")):
         w.add(f"gpt2asm/{f.name}", f.read_bytes())
+    # the plan ABI the library was built with, for gpt2asm/plan_abi.py (a checkout reads asm/plan_abi.h)
+    w.add("gpt2asm/plan_abi.h", (ROOT / "asm" / "plan_abi.h").read_bytes())
     with tempfile.TemporaryDirectory() as tmp:
         lib = compile_library(Path(tmp))
         w.add(f"gpt2asm/{lib.name}", lib.read_bytes())

@@ -295,9 +295,13 @@ def _aligned_zeros(nbytes: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------
 # plans: the job records of gpt2asm_plan_run_<family> (docs/kernels.md, "Thread pool and plans")
 
-POOL_BYTES = 256
-CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SHUTDOWN, CTX_NTHREADS = 0, 4, 8, 12      # u32 fields
-CTX_SPIN, CTX_YIELD, CTX_PARKS = 40, 48, 128                             # u64 fields
+# every offset, size, kind and flag comes from asm/plan_abi.h, through its Python mirror
+from . import plan_abi as _abi                                                      # noqa: E402
+from .plan_abi import (CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SPIN, CTX_YIELD,  # noqa: E402,F401
+                       EPI_ARGMAX, EPI_GELU, EPI_RESID, FL_F16, FL_KV, FL_KV16, FL_Q8, FL_ROWS, KIND_ATTN,
+                       KIND_MATMUL, KIND_MATVEC, KIND_QKV, KIND_ROWATTN, KIND_ROWLN, PRO_EMBED, PRO_LN,
+                       ROWATTN_ROWS)
+POOL_BYTES = _abi.POOL_SIZE
 SPIN_TICKS = 1_000_000        # TSC ticks a waiting thread spins before it parks (~0.4 ms: longer than the
                               # Python gap between two decode steps, so workers stay awake while decoding)
 SPIN_TICKS_OVERSUBSCRIBED = 200_000   # ... with more threads than CPUs (~0.1 ms)
@@ -325,20 +329,11 @@ def _spin_ticks(threads: int) -> tuple[int, int]:
     return (spin if threads <= _cpus() else oversubscribed), 0
 
 
-PLAN_HEADER = 128
-JOB_BYTES = 256
-KIND_MATVEC, KIND_QKV, KIND_ATTN, KIND_MATMUL, KIND_ROWLN, KIND_ROWATTN = 0, 1, 2, 3, 4, 5
-PRO_LN, PRO_EMBED, FL_F16, FL_Q8, EPI_GELU, EPI_RESID, FL_ROWS, FL_KV = 1, 2, 4, 8, 0x10, 0x20, 0x40, 0x80
-FL_KV16 = 0x4000              # binary16 caches (bits 8-13 hold the claim shift)
-EPI_ARGMAX = 0x30             # MATVEC: the first maximum of the outputs into per-thread slots
+PLAN_HEADER = _abi.PL_HEADER
+JOB_BYTES = _abi.J_SIZE
 ARGMAX_CHUNK = 16             # tiles per claim of an ARGMAX job: its outputs are scanned while in cache
-ROWATTN_ROWS = 4              # query rows of one head per attention call of a ROWATTN job (x86), at most
-# u64 slots of a job record (byte offset / 8)
-_J = dict(n=1, chunk=2, w=3, b=4, y=5, n_in=6, x=7, g=8, beta=9, a0=10, a1=11, a2=12, a3=13, a4=14,
-          tile_bytes=15, scale=16, ldx=17, ldy=18, ldr=19)
-# u64 slots of the plan header
-_H = dict(token=0, pos=1, n_jobs=2, priv=3, priv_stride=4, C=5, wte=6, wpe=7, x=8, h_off=9, e_off=10,
-          s_off=11, n_tok=12, kv_off=13, argmax=14)
+_J = _abi.JOB_U64             # u64 slots of a job record (byte offset / 8), by field
+_H = _abi.HEADER_U64          # u64 slots of the plan header
 # weight dtypes of the tiled matrices -> the job's dtype flag
 _WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16, np.dtype(np.int8): FL_Q8}
 
@@ -511,10 +506,12 @@ class Plan:
             if self.argmax_job is not None:
                 raise InvalidArgumentError("one argmax job per plan")
             flags |= EPI_ARGMAX
-            slots = self._slots = _aligned_zeros(16 * self.k.threads)
-            self._slot_views = [(ctypes.c_uint64.from_buffer(slots, 16 * t),
-                                 ctypes.c_float.from_buffer(slots, 16 * t + 8),
-                                 ctypes.c_uint32.from_buffer(slots, 16 * t + 12)) for t in range(self.k.threads)]
+            sz, sf = _abi.ARGMAX_SLOT, _abi.ARGMAX_SLOT_FIELDS
+            slots = self._slots = _aligned_zeros(sz * self.k.threads)
+            self._slot_views = [(ctypes.c_uint64.from_buffer(slots, sz * t + sf["index"].offset),
+                                 ctypes.c_float.from_buffer(slots, sz * t + sf["value"].offset),
+                                 ctypes.c_uint32.from_buffer(slots, sz * t + sf["bad"].offset))
+                                for t in range(self.k.threads)]
             f.update(a0=self._ptr(slots), a1=int(argmax))
             chunk = ARGMAX_CHUNK if chunk is None else chunk
         f.update(wf, b=0 if b is None else self._ptr(b), y=self._ptr(y))
@@ -644,7 +641,7 @@ class Plan:
                             _claims(n_items, self.k.threads, self.k.family))
         if not _is_int(chunk) or not 1 <= chunk:
             raise InvalidArgumentError(f"chunk must be ≥ 1, got {chunk}")
-        flags |= shift << 8
+        flags |= shift << _abi.B_CLAIM_SHIFT
         self.jobs.append((kind, flags, dict(fields, n=n_items, chunk=chunk)))
         return len(self.jobs) - 1
 
@@ -673,7 +670,7 @@ class Plan:
             u64[_H[key]] = val
         for j, (kind, flags, fields) in enumerate(self.jobs):
             base = (PLAN_HEADER + JOB_BYTES * j) // 8
-            u32[2 * base], u32[2 * base + 1] = kind, flags
+            u32[2 * base + _abi.J_KIND // 4], u32[2 * base + _abi.J_FLAGS // 4] = kind, flags
             for key, val in fields.items():
                 u64[base + _J[key]] = val
         self.buf, self.addr, self.n_jobs = buf, addr(buf), n
@@ -717,8 +714,8 @@ class Plan:
     def set_step(self, token: int, pos: int) -> None:
         """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""
         self._check_step(token, pos)
-        self._step[0] = token
-        self._step[1] = pos
+        self._step[_H["token"]] = token
+        self._step[_H["pos"]] = pos
 
     def step(self, token: int, pos: int) -> None:
         """set_step(token, pos) and a run of every job, in one call into the library

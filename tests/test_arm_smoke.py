@@ -58,10 +58,10 @@ def test_notes_for_large_svl():
 
 def test_symbol_lists():
     syms = build.bound_symbols("aarch64")
-    assert syms[:3] == ["gpt2asm_build_id", "gpt2asm_rdsvl", "gpt2asm_readbw_f32_neon"]
-    assert syms[3] == "gpt2asm_fmapeak_f32_neon"
-    assert len(syms) == len(set(syms)) == 4 + len(build.KERNEL_OPS) + 2
-    assert build.bound_symbols("aarch64", "sme2")[4:] == ["gpt2asm_matvec_f32_sme2", "gpt2asm_matvec_f16_sme2"]
+    assert syms[:4] == ["gpt2asm_build_id", "gpt2asm_rdsvl", "gpt2asm_plan_abi", "gpt2asm_readbw_f32_neon"]
+    assert syms[4] == "gpt2asm_fmapeak_f32_neon"
+    assert len(syms) == len(set(syms)) == 5 + len(build.KERNEL_OPS) + 2
+    assert build.bound_symbols("aarch64", "sme2")[5:] == ["gpt2asm_matvec_f32_sme2", "gpt2asm_matvec_f16_sme2"]
     assert build.kernel_symbol("matvec_f16", "sme2") == "gpt2asm_matvec_f16_sme2"
     assert build.kernel_symbol("gelu_f32", "sme2") == "gpt2asm_gelu_f32_neon"
     assert build.kernel_symbol("attention_f32", "avx512") == "gpt2asm_attention_f32_avx512"

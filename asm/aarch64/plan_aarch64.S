@@ -37,83 +37,9 @@
  */
 #include "asm.S"
 
-/* ---- pool context (pool_t, 256 bytes, 64-byte aligned, zeroed by Python) ----------------------- */
-#define CTX_SEQ             0       /* u32: plan generation; workers wait for it to change          */
-#define CTX_SEQ_SLEEPERS    4       /* u32: workers parked on CTX_SEQ                               */
-#define CTX_SHUTDOWN        8       /* u32: 1 = workers return                                      */
-#define CTX_NTHREADS        12      /* u32: participants, the caller included (1 = no workers)      */
-#define CTX_PLAN            16      /* u64: plan of the current run                                 */
-#define CTX_FIRST           24      /* u64: address of its first job record                         */
-#define CTX_END             32      /* u64: address past its last job record                        */
-#define CTX_SPIN            40      /* u64: nanoseconds to spin before parking                      */
-#define CTX_YIELD           48      /* u64: nanoseconds after which a spinning thread yields        */
-#define CTX_DONE            64      /* u32: arrivals at the last job of the run (own cache line)    */
-#define CTX_DONE_SLEEPERS   68      /* u32                                                           */
-#define CTX_PARKS           128     /* u64: futex waits so far (statistics; own cache line)         */
-
-/* ---- plan header (plan_t, 128 bytes): see plan_x86.S and docs/kernels.md ------------------------- */
-#define PL_TOKEN            0
-#define PL_POS              8
-#define PL_NJOBS            16      /* u64: job records that follow                                  */
-#define PL_PRIV             24
-#define PL_PRIV_STRIDE      32
-#define PL_C                40
-#define PL_WTE              48
-#define PL_WPE              56
-#define PL_X                64
-#define PL_H_OFF            72
-#define PL_E_OFF            80
-#define PL_S_OFF            88
-#define PL_NTOK             96
-#define PL_KV_OFF           104
-#define PL_ARGMAX           112     /* the ARGMAX job's slots, 0 if none (gpt2asm_plan_step)      */
-#define PL_HEADER           128
-
-/* ---- job record (256 bytes) ------------------------------------------------------------------------ */
-#define J_KIND              0
-#define J_FLAGS             4
-#define J_N                 8
-#define J_CHUNK             16
-#define J_W                 24
-#define J_B                 32
-#define J_Y                 40
-#define J_NIN               48
-#define J_X                 56
-#define J_G                 64
-#define J_BETA              72
-#define J_A0                80
-#define J_A1                88
-#define J_A2                96
-#define J_A3                104
-#define J_A4                112
-#define J_TILEB             120
-#define J_SCALE             128
-#define J_LDX               136
-#define J_LDY               144
-#define J_LDR               152
-#define J_CLAIM             192
-#define J_ARRIVE            200
-#define J_SLEEPERS          204
-#define J_SIZE              256
-
-#define KIND_MATVEC         0
-#define KIND_QKV            1
-#define KIND_ATTN           2
-#define KIND_MATMUL         3
-#define KIND_ROWLN          4
-#define KIND_ROWATTN        5
-
-#define PRO_MASK            3
-#define B_PRO_EMBED         1       /* bit of PRO_EMBED (2)                                          */
-#define B_F16               2       /* bit of FL_F16 (4); FL_F16 | FL_Q8 = 0xc                       */
-#define EPI_MASK            0x30
-#define EPI_GELU            0x10
-#define EPI_RESID           0x20
-#define EPI_ARGMAX          0x30
-#define B_EPI_GELU          4
-#define B_ROWS              6       /* bit of FL_ROWS (0x40)                                         */
-#define B_KV                7       /* bit of FL_KV (0x80)                                           */
-#define B_KV16              14      /* bit of FL_KV16 (0x4000)                                       */
+/* the records, kinds and flags: asm/plan_abi.h (this file also emits its table, gpt2asm_plan_abi) */
+#define PLAN_ABI_TABLE
+#include "plan_abi.h"
 
 #ifdef GPT2ASM_ELF
         .protected gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon
@@ -384,7 +310,7 @@ endfunc
          * the end, so the threads finish together.  No other memory access inside an exclusive pair. */
         .macro  claim none
         ldr     w9, [x21, #J_FLAGS]
-        ubfx    w9, w9, #8, #6                  // s
+        ubfx    w9, w9, #B_CLAIM_SHIFT, #CLAIM_SHIFT_BITS  // s
         ldr     x10, [x21, #J_CHUNK]
         add     x11, x21, #J_CLAIM
         cbnz    w9, .Lguided\@
@@ -432,7 +358,7 @@ endfunc
          * after moving the arguments into its order (w, scale, x, b, y, n_in, tile_begin, tile_end) */
         .macro  mv_call isa
         ldr     w9, [x21, #J_FLAGS]
-        tst     w9, #0xc                        // FL_F16 | FL_Q8
+        tst     w9, #FL_DTYPE_MASK
         b.ne    .Lmv1\@
         bl      SYM(gpt2asm_matvec_f32_\isa)
         b       .Lmv3\@
@@ -452,7 +378,7 @@ endfunc
          * (w, scale, x, ldx, b, y, ldy, n_tokens, n_in, tile_begin, tile_end) */
         .macro  mm_call isa
         ldr     w9, [x21, #J_FLAGS]
-        tst     w9, #0xc
+        tst     w9, #FL_DTYPE_MASK
         b.ne    .Lmm1\@
         bl      SYM(gpt2asm_matmul_f32_\isa)
         b       .Lmm3\@
@@ -471,8 +397,7 @@ endfunc
 
         /* the attention kernel of the job's cache: float32, or with FL_KV16 binary16 */
         .macro  att_call
-        ldr     w9, [x21, #J_FLAGS]
-        tbnz    w9, #B_KV16, .Latt16\@
+        if_bit B_KV16, .Latt16\@
         bl      SYM(gpt2asm_attention_f32_neon)
         b       .Latt32\@
 .Latt16\@:
@@ -536,8 +461,7 @@ endfunc
         .else
         ldr     x3, [x21, #J_A1]                // v cache
         .endif
-        ldr     w11, [x21, #J_FLAGS]
-        tbnz    w11, #B_KV16, .Lqt16\@
+        if_bit B_KV16, .Lqt16\@, w11
         add     x3, x3, x10, lsl #2             // [h][pos]
         b       .Lqt32\@
 .Lqt16\@:
@@ -550,8 +474,7 @@ endfunc
         mov     x5, #0                          // tiles [0, 1) of the shifted pointers
         mov     x6, #1
         mv_call \isa
-        ldr     w11, [x21, #J_FLAGS]
-        tbz     w11, #B_KV16, .Lqtd\@
+        unless_bit B_KV16, .Lqtd\@, w11
         ldr     x0, [sp, #F_KVDST]
         ldr     x10, [x20, #PL_KV_OFF]
         add     x1, x23, x10
@@ -569,13 +492,53 @@ endfunc
         b.lo    \loop
         .endm
 
-        .macro  plan_family isa
-/* plan_jobs_<isa>(ctx = x0, plan = x1, first job = x2, end = x3, tid = x4) */
-function plan_jobs_\isa, align=5
+/* The executor of a family: plan_jobs_<isa> walks the job range; per job it computes the item count
+ * (x26), branches to the routine of the job's kind through the jump table .Lkinds_<isa> (one entry per
+ * KIND_*, plus a guard entry for anything else), and that routine claims and computes items until none
+ * is left, then branches to .Lbarrier_<isa>, which waits for the other threads and goes on with the next
+ * job.  Common contract of the kind routines (kind_<kind>_<isa>): entered by branch, never called, on
+ * plan_jobs' frame; x19 ctx, x20 plan, x21 the job, x22 the thread id, x23 this thread's private area,
+ * x25 the end of the job range, x26 the job's item count; a routine may clobber x24, x27, x28, every
+ * caller-saved register and the frame slots it names, keeps x19-x23, x25, x26, x29 and sp, and leaves by
+ * a branch to .Lbarrier_<isa>. */
+
+        /* the frame of plan_jobs: FRAME bytes, x29/x30 at its top, x19-x28 below them */
+        .macro  jobs_enter
         sub     sp, sp, #FRAME
         stp     x29, x30, [sp, #144]
         add     x29, sp, #144
         callee_x19_x28 stp, 64
+        .endm
+        .macro  jobs_leave
+        callee_x19_x28 ldp, 64
+        ldp     x29, x30, [sp, #144]
+        add     sp, sp, #FRAME
+        ret
+        .endm
+
+        /* branch to \label if bit \bit of the job's (x21) flags is set (if_bit) / clear (unless_bit);
+         * the flags stay in \reg */
+        .macro  if_bit bit, label, reg=w9
+        ldr     \reg, [x21, #J_FLAGS]
+        tbnz    \reg, #\bit, \label
+        .endm
+        .macro  unless_bit bit, label, reg=w9
+        ldr     \reg, [x21, #J_FLAGS]
+        tbz     \reg, #\bit, \label
+        .endm
+
+        /* entry \kind of the jump table at .Lkinds_\isa: the offset of \target (checked to be in order) */
+        .macro  kind_entry isa, kind, target
+        .if . - .Lkinds_\isa != 4 * (\kind)
+        .error  "plan_aarch64.S: the jump table is out of KIND_* order"
+        .endif
+        .word   \target - .Lkinds_\isa
+        .endm
+
+        .macro  plan_family isa
+/* plan_jobs_<isa>(ctx = x0, plan = x1, first job = x2, end = x3, tid = x4) */
+function plan_jobs_\isa, align=5
+        jobs_enter
         mov     x19, x0
         mov     x20, x1
         mov     x21, x2
@@ -589,29 +552,65 @@ function plan_jobs_\isa, align=5
 
 .Ljob_\isa:
         ldr     x26, [x21, #J_N]
-        ldr     w9, [x21, #J_FLAGS]
-        tbz     w9, #B_ROWS, 1f
+        unless_bit B_ROWS, 1f
         ldr     x10, [x20, #PL_NTOK]
         mul     x26, x26, x10                   // a row job: J_N items per row
-1:      ldr     w9, [x21, #J_KIND]
-        cmp     w9, #KIND_MATVEC
-        b.eq    .Lmatvec_\isa
-        cmp     w9, #KIND_QKV
-        b.eq    .Lqkv_\isa
-        cmp     w9, #KIND_ATTN
-        b.eq    .Lattn_\isa
-        cmp     w9, #KIND_MATMUL
-        b.eq    .Lmatmul_\isa
-        cmp     w9, #KIND_ROWLN
-        b.eq    .Lrowln_\isa
-        cmp     w9, #KIND_ROWATTN
-        b.eq    .Lrowattn_\isa
-        b       .Lbarrier_\isa                  // (Python builds no other kind)
+1:      ldr     w9, [x21, #J_KIND]              // the kind's routine, through the jump table;
+        mov     w10, #KIND_COUNT
+        cmp     w9, w10
+        csel    w9, w9, w10, lo                 // an unknown kind takes the guard entry
+        adr     x10, .Lkinds_\isa
+        ldrsw   x11, [x10, w9, uxtw #2]
+        add     x10, x10, x11
+        br      x10
+
+        /* ---- barrier: every job's outputs are complete before the next job starts */
+.Lbarrier_\isa:
+        ldr     w3, [x19, #CTX_NTHREADS]
+        cmp     w3, #1
+        b.ls    .Lnext_\isa
+        mov     x4, x19
+        add     x9, x21, #J_SIZE
+        cmp     x9, x25
+        b.hs    1f
+        add     x0, x21, #J_ARRIVE
+        add     x2, x21, #J_SLEEPERS
+        mov     w1, #1
+        bl      pool_arrive
+        b       .Lnext_\isa
+1:      add     x0, x19, #CTX_DONE              // the last job: the pool's own counter, and only
+        add     x2, x19, #CTX_DONE_SLEEPERS     // the caller waits (the plan may be freed after)
+        cmp     x22, #0
+        cset    w1, eq
+        bl      pool_arrive
+.Lnext_\isa:
+        add     x21, x21, #J_SIZE
+        cmp     x21, x25
+        b.lo    .Ljob_\isa
+.Lret_\isa:
+        jobs_leave
+        /* the jump table: entry k = kind_<k>_<isa> - .Lkinds_<isa> (PC-relative: no relocation, no
+         * text relocation on Mach-O), and the guard entry KIND_COUNT (a kind Python never builds: no
+         * work, straight to the barrier) */
+        .p2align 2
+.Lkinds_\isa:
+        kind_entry \isa, KIND_MATVEC, kind_matvec_\isa
+        kind_entry \isa, KIND_QKV, kind_qkv_\isa
+        kind_entry \isa, KIND_ATTN, kind_attn_\isa
+        kind_entry \isa, KIND_MATMUL, kind_matmul_\isa
+        kind_entry \isa, KIND_ROWLN, kind_rowln_\isa
+        kind_entry \isa, KIND_ROWATTN, kind_rowattn_\isa
+        kind_entry \isa, KIND_COUNT, .Lbarrier_\isa
+endfunc
 
         /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them (GELU in place,
          * RESID x += y, or ARGMAX into this thread's 16-byte slot at a0 + 16 tid: { u64 index of its
          * first maximum so far (SIZE_MAX: none yet), f32 its value, u32 1 if a NaN or an infinity was
          * seen } over the outputs < a1 of its claims, which ascend) */
+/* kind_matvec_<isa> (KIND_MATVEC): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x24 = the job's input after job_prologue; x27, x28 the claim; frame F_H (ARGMAX: o0). Leaves by
+ * `claim` branching to .Lbarrier_<isa> once no item is left. */
+function kind_matvec_\isa
 .Lmatvec_\isa:
         job_prologue
         ldr     w9, [x21, #J_FLAGS]
@@ -674,9 +673,14 @@ function plan_jobs_\isa, align=5
 5:      mov     w12, #1                         // a NaN or an infinity
         str     w12, [x11, #12]
         b       .Lmv_claim_\isa
+endfunc
 
         /* ---- QKV: for the claimed heads [h0, h1): the q tiles (one call), the k tiles and the v tiles
          * (one call per tile, straight into the cache), then their attention (one call) */
+/* kind_qkv_<isa> (KIND_QKV): entered by branch from plan_jobs_<isa> (the common contract above); x24 =
+ * the job's input after job_prologue; x27, x28 the claimed heads; frame F_H (head), F_KVDST. Leaves by
+ * `claim` branching to .Lbarrier_<isa> once no item is left. */
+function kind_qkv_\isa
 .Lqkv_\isa:
         job_prologue
 .Lqkv_claim_\isa:
@@ -695,19 +699,28 @@ function plan_jobs_\isa, align=5
         add     x5, x5, #1                      // over n_pos = pos + 1
         att_call
         b       .Lqkv_claim_\isa
+endfunc
 
         /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
+/* kind_attn_<isa> (KIND_ATTN): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x27, x28 the claimed heads. Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+function kind_attn_\isa
 .Lattn_\isa:
         claim   .Lbarrier_\isa
         att_claimed
         ldr     x5, [x21, #J_A4]                // n_pos of the record
         att_call
         b       .Lattn_\isa
+endfunc
 
         /* ---- MATMUL (prefill; items = tiles): for each claimed tile tau, NEON's matmul of the dtype
          * over the PL_NTOK rows of x into y, as tiles [0, 1) of the pointers shifted to tau; with FL_KV
          * the tiles [H, 2H) and [2H, 3H) (H = J_A4) go to the k / v cache rows pos ..; then the epilogue
          * on the tile's 64 outputs of every row: GELU in place, or RESID r[t ldr + o] += y[t ldy + o]. */
+/* kind_matmul_<isa> (KIND_MATMUL): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x27, x28 the claimed tiles; frame F_H (tile tau), F_ROW (epilogue row), F_KVDST. Leaves by `claim`
+ * branching to .Lbarrier_<isa> once no item is left. */
+function kind_matmul_\isa
 .Lmatmul_\isa:
         claim   .Lbarrier_\isa
         str     x27, [sp, #F_H]
@@ -724,8 +737,7 @@ function plan_jobs_\isa, align=5
 1:      ldr     x4, [x21, #J_Y]
         add     x4, x4, x9, lsl #8              // y + 64 tau
         ldr     x5, [x21, #J_LDY]
-        ldr     w11, [x21, #J_FLAGS]
-        tbz     w11, #B_KV, 3f
+        unless_bit B_KV, 3f, w11
         ldr     x12, [x21, #J_A4]               // H
         subs    x10, x9, x12                    // tau - H
         b.lo    3f                              // a q tile
@@ -753,8 +765,7 @@ function plan_jobs_\isa, align=5
         mov     x9, #1
         stp     xzr, x9, [sp]                   // tiles [0, 1) of the shifted pointers
         mm_call \isa
-        ldr     w11, [x21, #J_FLAGS]
-        tbz     w11, #B_KV16, 6f
+        unless_bit B_KV16, 6f, w11
         tbz     w11, #B_KV, 6f
         ldr     x9, [sp, #F_H]
         ldr     x12, [x21, #J_A4]
@@ -783,8 +794,7 @@ function plan_jobs_\isa, align=5
         madd    x12, x9, x11, x10
         ldr     x13, [x21, #J_Y]
         add     x2, x13, x12, lsl #2            // &y[row][64 tau]
-        ldr     w11, [x21, #J_FLAGS]
-        tbz     w11, #B_EPI_GELU, 4f
+        unless_bit B_EPI_GELU, 4f, w11
         mov     x0, x2
         mov     x1, x2
         mov     x2, #64
@@ -801,8 +811,13 @@ function plan_jobs_\isa, align=5
 .Lmm_next_\isa:
         next_item .Lmm_tile_\isa
         b       .Lmatmul_\isa
+endfunc
 
         /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
+/* kind_rowln_<isa> (KIND_ROWLN): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x27, x28 the claimed rows; frame F_H (row). Leaves by `claim` branching to .Lbarrier_<isa> once no
+ * item is left. */
+function kind_rowln_\isa
 .Lrowln_\isa:
         claim   .Lbarrier_\isa
         str     x27, [sp, #F_H]
@@ -822,10 +837,15 @@ function plan_jobs_\isa, align=5
         bl      SYM(gpt2asm_layernorm_f32_neon)
         next_item .Lrowln_row_\isa
         b       .Lrowln_\isa
+endfunc
 
         /* ---- ROWATTN (items i < H * PL_NTOK): head h = i / PL_NTOK, row t = PL_NTOK - 1 - i % PL_NTOK:
          * attention of head h of query row t (J_Y + t ldx) over positions 0 .. pos + t into out row t
          * (J_A2 + t ldy) */
+/* kind_rowattn_<isa> (KIND_ROWATTN): entered by branch from plan_jobs_<isa> (the common contract
+ * above); x27, x28 the claimed items; frame F_H (item). Leaves by `claim` branching to .Lbarrier_<isa>
+ * once no item is left. */
+function kind_rowattn_\isa
 .Lrowattn_\isa:
         claim   .Lbarrier_\isa
         str     x27, [sp, #F_H]
@@ -858,36 +878,8 @@ function plan_jobs_\isa, align=5
         att_call
         next_item .Lra_item_\isa
         b       .Lrowattn_\isa
-
-        /* ---- barrier: every job's outputs are complete before the next job starts */
-.Lbarrier_\isa:
-        ldr     w3, [x19, #CTX_NTHREADS]
-        cmp     w3, #1
-        b.ls    .Lnext_\isa
-        mov     x4, x19
-        add     x9, x21, #J_SIZE
-        cmp     x9, x25
-        b.hs    1f
-        add     x0, x21, #J_ARRIVE
-        add     x2, x21, #J_SLEEPERS
-        mov     w1, #1
-        bl      pool_arrive
-        b       .Lnext_\isa
-1:      add     x0, x19, #CTX_DONE              // the last job: the pool's own counter, and only
-        add     x2, x19, #CTX_DONE_SLEEPERS     // the caller waits (the plan may be freed after)
-        cmp     x22, #0
-        cset    w1, eq
-        bl      pool_arrive
-.Lnext_\isa:
-        add     x21, x21, #J_SIZE
-        cmp     x21, x25
-        b.lo    .Ljob_\isa
-.Lret_\isa:
-        callee_x19_x28 ldp, 64
-        ldp     x29, x30, [sp, #144]
-        add     sp, sp, #FRAME
-        ret
 endfunc
+
         .endm
 
         plan_family neon

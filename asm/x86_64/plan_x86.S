@@ -39,91 +39,9 @@
  */
 #include "asm.S"
 
-/* ---- pool context (pool_t, 256 bytes, 64-byte aligned, zeroed by Python) ----------------------- */
-#define CTX_SEQ             0       /* u32: plan generation; workers wait for it to change          */
-#define CTX_SEQ_SLEEPERS    4       /* u32: workers parked on CTX_SEQ                               */
-#define CTX_SHUTDOWN        8       /* u32: 1 = workers return                                      */
-#define CTX_NTHREADS        12      /* u32: participants, the caller included (1 = no workers)      */
-#define CTX_PLAN            16      /* u64: plan of the current run                                 */
-#define CTX_FIRST           24      /* u64: address of its first job record                         */
-#define CTX_END             32      /* u64: address past its last job record                        */
-#define CTX_SPIN            40      /* u64: TSC ticks to spin before parking                        */
-#define CTX_YIELD           48      /* u64: TSC ticks after which a spinning thread yields each round */
-#define CTX_DONE            64      /* u32: arrivals at the last job of the run (own cache line)    */
-#define CTX_DONE_SLEEPERS   68      /* u32                                                           */
-#define CTX_PARKS           128     /* u64: futex waits so far (statistics; own cache line)         */
-
-/* ---- plan header (plan_t, 128 bytes) ------------------------------------------------------------ */
-#define PL_TOKEN            0       /* u64: token id of this step (Python checks < vocab)          */
-#define PL_POS              8       /* u64: its position (Python checks < n_ctx)                    */
-#define PL_NJOBS            16      /* u64: job records that follow                                  */
-#define PL_PRIV             24      /* u64: private area of thread 0 (64-byte aligned)               */
-#define PL_PRIV_STRIDE      32      /* u64: bytes between the private areas of threads t and t+1     */
-#define PL_C                40      /* u64: n_embd (embedding length, a multiple of 16)              */
-#define PL_WTE              48      /* u64: wte [vocab][C]                                           */
-#define PL_WPE              56      /* u64: wpe [n_ctx][C]                                           */
-#define PL_X                64      /* u64: residual stream x [C] (the embedding of thread 0)        */
-#define PL_H_OFF            72      /* u64: offset of the LayerNorm output in a private area        */
-#define PL_E_OFF            80      /* u64: offset of the embedding copy of threads >= 1             */
-#define PL_S_OFF            88      /* u64: offset of the attention scratch                          */
-#define PL_NTOK             96      /* u64: rows of a prefill run (row jobs: items = J_N * PL_NTOK)  */
-#define PL_KV_OFF           104     /* u64: offset of the k / v staging rows (FL_KV16: float32 rows of
-                                       64, one for QKV, PL_NTOK for MATMUL+KV) in a private area      */
-#define PL_ARGMAX           112     /* u64: the ARGMAX job's slots (n_threads x 16 bytes), 0 if none:
-                                       gpt2asm_plan_step reduces them                                 */
-#define PL_HEADER           128
-
-/* ---- job record (256 bytes: three read-only cache lines, then the counters' own line) ------------ */
-#define J_KIND              0       /* u32: KIND_*                                                   */
-#define J_FLAGS             4       /* u32: prologue | dtype | epilogue | ROWS | KV | claim shift << 8 */
-#define J_N                 8       /* u64: work items (tiles, heads; row jobs: per row)             */
-#define J_CHUNK             16      /* u64: items per claim (guided: the minimum), >= 1              */
-#define J_W                 24      /* u64: tiled weights                                            */
-#define J_B                 32      /* u64: bias or 0                                                */
-#define J_Y                 40      /* u64: output (MATVEC, MATMUL, ROWLN); q / qkv (QKV); q (ATTN,
-                                       ROWATTN)                                                       */
-#define J_NIN               48      /* u64: matvec / matmul inputs (= LayerNorm length)             */
-#define J_X                 56      /* u64: matvec / matmul input, or the LayerNorm source           */
-#define J_G                 64      /* u64: LayerNorm gain                                           */
-#define J_BETA              72      /* u64: LayerNorm bias                                           */
-#define J_A0                80      /* u64: RESID: x;  QKV, ATTN, ROWATTN, MATMUL+KV: k cache         */
-#define J_A1                88      /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: v cache                    */
-#define J_A2                96      /* u64: QKV, ATTN, ROWATTN: attention output                     */
-#define J_A3                104     /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: head stride (elements)    */
-#define J_A4                112     /* u64: ATTN: n_pos;  MATMUL+KV: n_head                          */
-#define J_TILEB             120     /* u64: bytes of one weight tile (n_in * 64 * element size)     */
-#define J_SCALE             128     /* u64: q8: per-output scales (float [64 n_tiles]), else 0       */
-#define J_LDX               136     /* u64: row jobs: floats between input rows                      */
-#define J_LDY               144     /* u64: row jobs: floats between output rows                     */
-#define J_LDR               152     /* u64: MATMUL+RESID: floats between rows of the residual (A0)   */
-#define J_CLAIM             192     /* u64: next unclaimed item (zeroed by plan_run)                */
-#define J_ARRIVE            200     /* u32: threads done with the job (zeroed by plan_run)          */
-#define J_SLEEPERS          204     /* u32: threads parked on J_ARRIVE                               */
-#define J_SIZE              256
-
-#define KIND_MATVEC         0
-#define KIND_QKV            1
-#define KIND_ATTN           2
-#define KIND_MATMUL         3
-#define KIND_ROWLN          4
-#define KIND_ROWATTN        5
-
-#define PRO_MASK            3
-#define PRO_LN              1       /* LayerNorm(J_X) -> private h; the matvec reads h               */
-#define PRO_EMBED           2       /* with PRO_LN: x = wte[token] + wpe[pos] first (thread 0 into PL_X,
-                                       the others into a private copy that their LayerNorm reads)     */
-#define FL_F16              4       /* weights: binary16 (F16), int8 + J_SCALE (Q8), else binary32   */
-#define FL_Q8               8
-#define EPI_MASK            0x30
-#define EPI_GELU            0x10    /* y = gelu(y) over the claimed tiles                            */
-#define EPI_RESID           0x20    /* x[o] = x[o] + y[o] over the claimed tiles                     */
-#define EPI_ARGMAX          0x30    /* MATVEC: the first maximum of y[0 .. a1) into the thread's slot
-                                       of a0 (greedy sampling on outputs still in cache; see below)  */
-#define FL_ROWS             0x40    /* items = J_N * PL_NTOK (ROWLN, ROWATTN)                         */
-#define FL_KV               0x80    /* MATMUL of c_attn: tiles [H, 3H) into the k / v caches          */
-#define ROWATTN_ROWS        4       /* ROWATTN: query rows per gpt2asm_attention_rows call (kernels.py) */
-#define FL_KV16             0x4000  /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
-                                       halves; J_A3 counts elements); bits 8-13 are the claim shift   */
+/* the records, kinds and flags: asm/plan_abi.h (this file also emits its table, gpt2asm_plan_abi) */
+#define PLAN_ABI_TABLE
+#include "plan_abi.h"
 
 /* ---- calls to the kernels (other objects of this library) --------------------------------------- */
 #ifndef GPT2ASM_MACHO
@@ -463,8 +381,7 @@ vadd_avx512:
         movq    PL_POS(%r13), %rax
         shlq    $6, %rax
         addq    %rax, %rcx                      /* (h * head_stride + 64 pos) elements */
-        testl   $FL_KV16, J_FLAGS(%r14)
-        jnz     1f
+        if_flag FL_KV16, 1f
         shlq    $2, %rcx
         .if \part == 1
         addq    J_A0(%r14), %rcx                /* k cache [h][pos] */
@@ -485,8 +402,7 @@ vadd_avx512:
         xorl    %r9d, %r9d                      /* tiles [0, 1) of the shifted pointers */
         movq    $1, 0(%rsp)
         mv_call \isa
-        testl   $FL_KV16, J_FLAGS(%r14)
-        jz      3f
+        unless_flag FL_KV16, 3f
         movq    F_KVDST(%rsp), %rdi
         movq    %rbx, %rsi
         addq    PL_KV_OFF(%r13), %rsi
@@ -498,8 +414,7 @@ vadd_avx512:
         /* the attention kernel of the job's cache: gpt2asm_attention_f32_<isa>, or with FL_KV16
          * gpt2asm_attention_f16_avx2 (one kernel for both families: the same operations) */
         .macro  att_call isa
-        testl   $FL_KV16, J_FLAGS(%r14)
-        jnz     .Latt16\@
+        if_flag FL_KV16, .Latt16\@
         xcall   gpt2asm_attention_f32_\isa
         jmp     .Latt32\@
 .Latt16\@:
@@ -511,13 +426,11 @@ vadd_avx512:
          * the arguments as they are, gpt2asm_\op_q8 after the macro \q8args has moved them (and the
          * scales, in r10) into its order */
         .macro  dtype_call op, isa, q8args
-        testl   $(FL_F16|FL_Q8), J_FLAGS(%r14)
-        jnz     .Ldt1\@
+        if_flag FL_DTYPE_MASK, .Ldt1\@
         xcall   gpt2asm_\op\()_f32_\isa
         jmp     .Ldt3\@
 .Ldt1\@:
-        testl   $FL_F16, J_FLAGS(%r14)
-        jz      .Ldt2\@
+        unless_flag FL_F16, .Ldt2\@
         xcall   gpt2asm_\op\()_f16_\isa
         jmp     .Ldt3\@
 .Ldt2\@:
@@ -598,10 +511,17 @@ vadd_avx512:
         dtype_call matmul, \isa, mm_q8_args
         .endm
 
-        .macro  plan_family isa
-        .p2align 5
-/* plan_jobs_<isa>(ctx = rdi, plan = rsi, first job = rdx, end = rcx, tid = r8) */
-plan_jobs_\isa:
+/* The executor of a family: plan_jobs_<isa> walks the job range; per job it computes the item count
+ * (F_N), jumps to the routine of the job's kind through the jump table .Lkinds_<isa> (one entry per
+ * KIND_*, plus a guard entry for anything else), and that routine claims and computes items until none
+ * is left, then jumps to .Lbarrier_<isa>, which waits for the other threads and goes on with the next job.
+ * Common contract of the kind routines (kind_<kind>_<isa>): entered by jump, never called; r12 ctx,
+ * r13 plan, r14 the job, r15 the thread id, rbx this thread's private area, F_END and F_N set in the
+ * frame; a routine may clobber rbp, every caller-saved register and the frame slots it names, keeps
+ * r12-r15, rbx and rsp, and leaves by a jump to .Lbarrier_<isa>. */
+
+        /* the frame of plan_jobs: the callee-saved registers, then FRAME bytes (rsp 16-byte aligned) */
+        .macro  jobs_enter
         pushq   %rbp
         pushq   %rbx
         pushq   %r12
@@ -609,6 +529,42 @@ plan_jobs_\isa:
         pushq   %r14
         pushq   %r15
         subq    $FRAME, %rsp
+        .endm
+        .macro  jobs_leave
+        addq    $FRAME, %rsp
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbx
+        popq    %rbp
+        vzeroupper
+        ret
+        .endm
+
+        /* branch to \label if the job (r14) has any of the flags \mask (if_flag) / none of them */
+        .macro  if_flag mask, label
+        testl   $(\mask), J_FLAGS(%r14)
+        jnz     \label
+        .endm
+        .macro  unless_flag mask, label
+        testl   $(\mask), J_FLAGS(%r14)
+        jz      \label
+        .endm
+
+        /* entry \kind of the jump table at .Lkinds_\isa: the offset of \target (checked to be in order) */
+        .macro  kind_entry isa, kind, target
+        .if . - .Lkinds_\isa != 4 * (\kind)
+        .error  "plan_x86.S: the jump table is out of KIND_* order"
+        .endif
+        .long   \target - .Lkinds_\isa
+        .endm
+
+        .macro  plan_family isa
+        .p2align 5
+/* plan_jobs_<isa>(ctx = rdi, plan = rsi, first job = rdx, end = rcx, tid = r8) */
+plan_jobs_\isa:
+        jobs_enter
         movq    %rdi, %r12
         movq    %rsi, %r13
         movq    %rdx, %r14
@@ -622,29 +578,66 @@ plan_jobs_\isa:
 
 .Ljob_\isa:
         movq    J_N(%r14), %rax
-        testl   $FL_ROWS, J_FLAGS(%r14)
-        jz      1f
+        unless_flag FL_ROWS, 1f
         imulq   PL_NTOK(%r13), %rax             /* a row job: J_N items per row */
 1:      movq    %rax, F_N(%rsp)
-        movl    J_KIND(%r14), %eax
-        cmpl    $KIND_MATVEC, %eax
-        je      .Lmatvec_\isa
-        cmpl    $KIND_QKV, %eax
-        je      .Lqkv_\isa
-        cmpl    $KIND_ATTN, %eax
-        je      .Lattn_\isa
-        cmpl    $KIND_MATMUL, %eax
-        je      .Lmatmul_\isa
-        cmpl    $KIND_ROWLN, %eax
-        je      .Lrowln_\isa
-        cmpl    $KIND_ROWATTN, %eax
-        je      .Lrowattn_\isa
-        jmp     .Lbarrier_\isa                  /* (Python builds no other kind) */
+        movl    J_KIND(%r14), %eax              /* the kind's routine, through the jump table; */
+        movl    $KIND_COUNT, %ecx
+        cmpl    %ecx, %eax
+        cmova   %ecx, %eax                      /* an unknown kind takes the guard entry */
+        leaq    .Lkinds_\isa(%rip), %rcx
+        movslq  (%rcx,%rax,4), %rax
+        addq    %rcx, %rax
+        jmp     *%rax
+
+        /* ---- barrier: every job's outputs are complete before the next job starts */
+.Lbarrier_\isa:
+        movl    CTX_NTHREADS(%r12), %ecx
+        cmpl    $1, %ecx
+        jbe     .Lnext_\isa
+        movq    %r12, %r8
+        leaq    J_SIZE(%r14), %rax
+        cmpq    F_END(%rsp), %rax
+        jae     1f
+        leaq    J_ARRIVE(%r14), %rdi
+        leaq    J_SLEEPERS(%r14), %rdx
+        movl    $1, %esi
+        call    pool_arrive
+        jmp     .Lnext_\isa
+1:      leaq    CTX_DONE(%r12), %rdi            /* the last job: the pool's own counter, and only */
+        leaq    CTX_DONE_SLEEPERS(%r12), %rdx   /* the caller waits (the plan may be freed after) */
+        xorl    %esi, %esi
+        testq   %r15, %r15
+        sete    %sil
+        call    pool_arrive
+.Lnext_\isa:
+        addq    $J_SIZE, %r14
+        cmpq    F_END(%rsp), %r14
+        jb      .Ljob_\isa
+.Lret_\isa:
+        jobs_leave
+
+        /* the jump table: entry k = kind_<k>_<isa> - .Lkinds_<isa> (PC-relative: no relocation), and the
+         * guard entry KIND_COUNT (a kind Python never builds: no work, straight to the barrier) */
+        .p2align 2
+.Lkinds_\isa:
+        kind_entry \isa, KIND_MATVEC, kind_matvec_\isa
+        kind_entry \isa, KIND_QKV, kind_qkv_\isa
+        kind_entry \isa, KIND_ATTN, kind_attn_\isa
+        kind_entry \isa, KIND_MATMUL, kind_matmul_\isa
+        kind_entry \isa, KIND_ROWLN, kind_rowln_\isa
+        kind_entry \isa, KIND_ROWATTN, kind_rowattn_\isa
+        kind_entry \isa, KIND_COUNT, .Lbarrier_\isa
 
         /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them.  ARGMAX: each thread
          * keeps, in its 16-byte slot at a0 + 16 tid, { u64 index of its first maximum so far (SIZE_MAX:
          * none yet), f32 its value, u32 1 if a NaN or an infinity was seen }, over the outputs < a1 of
          * its claims (which ascend: a later claim only wins with a strictly larger value). */
+        .p2align 4
+/* kind_matvec_<isa> (KIND_MATVEC): entered by jump from plan_jobs_<isa> (the common contract above);
+ * rbp = the job's input after job_prologue; frame F_T0, F_T1 (claim), F_H (ARGMAX: o0). Leaves by
+ * `claim` jumping to .Lbarrier_<isa> once no item is left. */
+kind_matvec_\isa:
 .Lmatvec_\isa:
         job_prologue \isa, mv
         movl    J_FLAGS(%r14), %eax
@@ -715,6 +708,11 @@ plan_jobs_\isa:
         /* ---- QKV: for the claimed heads [h0, h1): the q tiles (one call), the k tiles and the v tiles
          * (one call per tile, straight into the cache), then their attention (one call).  Each third of
          * c_attn is read front to back, so a claim of several heads is one forward stream per third. */
+        .p2align 4
+/* kind_qkv_<isa> (KIND_QKV): entered by jump from plan_jobs_<isa> (the common contract above); rbp =
+ * the job's input after job_prologue; frame F_T0, F_T1, F_H (head), F_KVDST. Leaves by `claim` jumping
+ * to .Lbarrier_<isa> once no item is left. */
+kind_qkv_\isa:
 .Lqkv_\isa:
         job_prologue \isa, qkv
 .Lqkv_claim_\isa:
@@ -745,6 +743,11 @@ plan_jobs_\isa:
         jmp     .Lqkv_claim_\isa
 
         /* ---- ATTN: attention over claimed heads, n_pos fixed in the record */
+        .p2align 4
+/* kind_attn_<isa> (KIND_ATTN): entered by jump from plan_jobs_<isa> (the common contract above); frame
+ * F_T0, F_T1 (claimed heads); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no item is
+ * left. */
+kind_attn_\isa:
 .Lattn_\isa:
         claim   .Lbarrier_\isa
         att_claimed
@@ -758,6 +761,11 @@ plan_jobs_\isa:
          * tiles [H, 2H) and [2H, 3H) (H = J_A4) go to the k / v cache rows pos .. (rows 64 floats apart);
          * then the epilogue on the tile's 64 outputs of every row: GELU in place, or RESID
          * r[t ldr + o] = r[t ldr + o] + y[t ldy + o]. */
+        .p2align 4
+/* kind_matmul_<isa> (KIND_MATMUL): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (tile tau), F_ROW (epilogue row), F_KVDST; rbp unused. Leaves by `claim`
+ * jumping to .Lbarrier_<isa> once no item is left. */
+kind_matmul_\isa:
 .Lmatmul_\isa:
         claim   .Lbarrier_\isa
         movq    F_T0(%rsp), %rax
@@ -777,8 +785,7 @@ plan_jobs_\isa:
 1:      movq    J_Y(%r14), %r8
         addq    %rax, %r8                       /* y + 64 tau */
         movq    J_LDY(%r14), %r9
-        testl   $FL_KV, J_FLAGS(%r14)
-        jz      3f
+        unless_flag FL_KV, 3f
         movq    F_H(%rsp), %rax
         subq    J_A4(%r14), %rax                /* tau - H */
         jb      3f                              /* a q tile */
@@ -792,8 +799,7 @@ plan_jobs_\isa:
         shlq    $6, %r9
         addq    %r9, %rax
         movl    $64, %r9d                       /* rows of 64 floats */
-        testl   $FL_KV16, J_FLAGS(%r14)
-        jnz     5f
+        if_flag FL_KV16, 5f
         leaq    (%r8,%rax,4), %r8               /* cache [h][pos] */
         jmp     3f
 5:      leaq    (%r8,%rax,2), %r8
@@ -838,8 +844,7 @@ plan_jobs_\isa:
         imulq   J_LDY(%r14), %rdx
         leaq    (%rsi,%rdx,4), %rdx
         addq    J_Y(%r14), %rdx                 /* &y[row][64 tau] */
-        testl   $EPI_GELU, J_FLAGS(%r14)
-        jz      4f
+        unless_flag EPI_GELU, 4f
         movq    %rdx, %rdi
         movq    %rdx, %rsi
         movl    $64, %edx
@@ -861,6 +866,11 @@ plan_jobs_\isa:
         jmp     .Lmatmul_\isa
 
         /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
+        .p2align 4
+/* kind_rowln_<isa> (KIND_ROWLN): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (row); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no item
+ * is left. */
+kind_rowln_\isa:
 .Lrowln_\isa:
         claim   .Lbarrier_\isa
         movq    F_T0(%rsp), %rax
@@ -893,6 +903,11 @@ plan_jobs_\isa:
          * gpt2asm_attention_rows call (both families: AVX2 code, the same bits), which reads the cache
          * rows the 4 rows share once; with fewer such items left, one row per call of the single-row
          * kernel (a rows call costs the same for 1 to 4 rows, about 3.2 single-row calls). */
+        .p2align 4
+/* kind_rowattn_<isa> (KIND_ROWATTN): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (item); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no item
+ * is left. */
+kind_rowattn_\isa:
 .Lrowattn_\isa:
         claim   .Lbarrier_\isa
         movq    F_T0(%rsp), %rax
@@ -928,8 +943,7 @@ plan_jobs_\isa:
         addq    J_A2(%r14), %rcx                /* out of the first row, head h */
         imulq   J_A3(%r14), %rax                /* h * head_stride (elements) */
         shlq    $2, %rax                        /* in bytes: float32 ... */
-        testl   $FL_KV16, J_FLAGS(%r14)
-        jz      1f
+        unless_flag FL_KV16, 1f
         shrq    $1, %rax                        /* ... or binary16 */
 1:      movq    J_A0(%r14), %rsi
         addq    %rax, %rsi                      /* k_h */
@@ -946,8 +960,7 @@ plan_jobs_\isa:
         movq    %rax, 8(%rsp)                   /* ldq */
         movq    J_LDY(%r14), %rax
         movq    %rax, 16(%rsp)                  /* ldo */
-        testl   $FL_KV16, J_FLAGS(%r14)
-        jnz     1f
+        if_flag FL_KV16, 1f
         xcall   gpt2asm_attention_rows_f32_avx2
         jmp     2f
 1:      xcall   gpt2asm_attention_rows_f16_avx2
@@ -963,40 +976,6 @@ plan_jobs_\isa:
         jb      .Lra_item_\isa
         jmp     .Lrowattn_\isa
 
-        /* ---- barrier: every job's outputs are complete before the next job starts */
-.Lbarrier_\isa:
-        movl    CTX_NTHREADS(%r12), %ecx
-        cmpl    $1, %ecx
-        jbe     .Lnext_\isa
-        movq    %r12, %r8
-        leaq    J_SIZE(%r14), %rax
-        cmpq    F_END(%rsp), %rax
-        jae     1f
-        leaq    J_ARRIVE(%r14), %rdi
-        leaq    J_SLEEPERS(%r14), %rdx
-        movl    $1, %esi
-        call    pool_arrive
-        jmp     .Lnext_\isa
-1:      leaq    CTX_DONE(%r12), %rdi            /* the last job: the pool's own counter, and only */
-        leaq    CTX_DONE_SLEEPERS(%r12), %rdx   /* the caller waits (the plan may be freed after) */
-        xorl    %esi, %esi
-        testq   %r15, %r15
-        sete    %sil
-        call    pool_arrive
-.Lnext_\isa:
-        addq    $J_SIZE, %r14
-        cmpq    F_END(%rsp), %r14
-        jb      .Ljob_\isa
-.Lret_\isa:
-        addq    $FRAME, %rsp
-        popq    %r15
-        popq    %r14
-        popq    %r13
-        popq    %r12
-        popq    %rbx
-        popq    %rbp
-        vzeroupper
-        ret
 
 /*
  * void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
