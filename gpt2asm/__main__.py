@@ -13,7 +13,8 @@ import sys
 import time
 
 from .errors import GPT2AsmError
-from .kernels import FAMILIES, ARCH
+from .cpu import FAMILIES
+from .lib import ARCH
 
 DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8"}     # --dtype -> the stats line's name
 

@@ -36,7 +36,9 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
-from .kernels import HEAD_DIM, KV_DTYPES, Kernels, Plan, addr, check
+from .kernels import Kernels
+from .plan import Plan
+from .validate import HEAD_DIM, KV_DTYPES, addr, check
 from .state import State, zeros
 from .weights import MATRIX_DTYPES, Weights
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .config import GPT2Config
 from .errors import InvalidArgumentError
-from .kernels import HEAD_DIM, TILE
+from .validate import HEAD_DIM, TILE
 from .weights import aligned_zeros
 
 

@@ -32,7 +32,9 @@ from avx512emu import Avx512Emulator
 if not avx512emu.available():
     pytest.skip(avx512emu.why_unavailable(), allow_module_level=True)
 
-from gpt2asm.kernels import LIB_NAME, PKG_DIR, Kernels, available_families, load_library  # noqa: E402
+from gpt2asm.cpu import available_families  # noqa: E402
+from gpt2asm.kernels import Kernels  # noqa: E402
+from gpt2asm.lib import LIB_NAME, PKG_DIR, load_library  # noqa: E402
 from gpt2asm.model import Transformer  # noqa: E402
 from gpt2asm.tokenizer import Tokenizer  # noqa: E402
 from gpt2asm.weights import load_weights  # noqa: E402

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 from gpt2asm import GPT2, InvalidArgumentError
-from gpt2asm.kernels import ARCH, FAMILIES, Kernels
+from gpt2asm.cpu import FAMILIES
+from gpt2asm.kernels import Kernels
+from gpt2asm.lib import ARCH
 from gpt2asm.model import Transformer
 from gpt2asm.quant import quantize_q8, quantize_q8_head
 from gpt2asm.tokenizer import Tokenizer
@@ -88,7 +90,7 @@ def emulator():
     import avx512emu
     if not avx512emu.available():
         pytest.skip(avx512emu.why_unavailable())
-    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+    from gpt2asm.lib import LIB_NAME, PKG_DIR
     return avx512emu.Avx512Emulator(PKG_DIR / LIB_NAME, timeout=300.0)
 
 
@@ -333,7 +335,7 @@ def test_checked_kernels_through_the_emulated_avx512_plan(families):
     import avx512emu
     if not avx512emu.available():
         pytest.skip(avx512emu.why_unavailable())
-    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+    from gpt2asm.lib import LIB_NAME, PKG_DIR
 
     rng = np.random.default_rng(2)
     w16 = tile_matrix(rng.standard_normal((77, 64 * 5 + 3)).astype(np.float32), np.float16)
@@ -429,7 +431,7 @@ def test_argmax_epilogue_on_the_emulated_avx512_plan(families):
     import avx512emu
     if not avx512emu.available():
         pytest.skip(avx512emu.why_unavailable())
-    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+    from gpt2asm.lib import LIB_NAME, PKG_DIR
     rng = np.random.default_rng(9)
     cases = list(_argmax_cases(rng))[:5]
     with avx512emu.Avx512Emulator(PKG_DIR / LIB_NAME, timeout=120.0) as emu:
@@ -652,7 +654,7 @@ def test_q8_model_on_the_emulated_avx512_plan(tiny_q8, families):
 def test_python_pool_waits_for_its_workers_when_the_caller_fails():
     """The Python pool (families without a plan executor): an exception (or Ctrl-C) in the caller's part
     of a job still waits for the workers' parts, so no stale completion is left for the next job."""
-    from gpt2asm.kernels import Pool
+    from gpt2asm.pool import Pool
     done = []
 
     def part(i, fail):

@@ -20,7 +20,8 @@ import pytest
 
 from arm64_qemu import IS_ARM, qemu_config
 from gpt2asm import ContextOverflowError, InvalidArgumentError
-from gpt2asm.kernels import Kernels, Pool
+from gpt2asm.kernels import Kernels
+from gpt2asm.pool import Pool
 from gpt2asm.model import PREFILL_ROWS, Transformer
 from gpt2asm.quant import quantize_q8
 from gpt2asm.weights import load_weights, pad_vector, tile_matrix
