@@ -260,9 +260,9 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         st = m.model.new_state()
         t0 = time.perf_counter()
         for t in pids:
-            logits = m.model.step(st, t)
+            logits = m.model.step(st, t)[0]
         out["steps_ttft_s"] = time.perf_counter() - t0
-        pre = m.model.prefill(m.model.new_state(), pids)
+        pre = m.model.prefill(m.model.new_state(), pids)[0]
         out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
     m.close()
     return out
