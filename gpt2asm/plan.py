@@ -66,7 +66,7 @@ def _row_claims(threads: int) -> tuple[int, int]:
 
 
 class Plan:
-    """A list of jobs for one Kernels object, run by Kernels.run_plan in one call into the library.
+    """A list of jobs for one Kernels object, run by Plan.run / Plan.step in one call into the library.
 
     Every array a job points at is validated here (dtype, contiguity, size, alignment where required)
     and kept alive by the plan; the per-step parameters (token, position) are checked by set_step.
