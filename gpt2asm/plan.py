@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .args import integer, token_id
 from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
 from .validate import (HEAD_DIM, SIZE_MAX, TILE, addr, aligned_bytes, check, check_attention, check_cache,
                        check_matrix, check_rows, is_int)
@@ -380,13 +381,9 @@ class Plan:
         return best
 
     def check_step(self, token: int, pos: int) -> None:
-        """InvalidArgumentError unless token and pos are integers within the plan's limits."""
-        if not (is_int(token) and is_int(pos)):
-            raise InvalidArgumentError(f"token id and position must be integers, got {token!r}, {pos!r}")
-        if not 0 <= token < (self.max_token if self.max_token is not None else 1 << 62):
-            raise InvalidArgumentError(f"token id {token} out of range 0..{(self.max_token or 1 << 62) - 1}")
-        if not 0 <= pos < (self.max_pos if self.max_pos is not None else 1 << 62):
-            raise InvalidArgumentError(f"position {pos} out of range 0..{(self.max_pos or 1 << 62) - 1}")
+        """InvalidArgumentError unless token and pos are integers within the plan's limits (args.py)."""
+        token_id(token, self.max_token if self.max_token is not None else 1 << 62)
+        integer("position", pos, 0, (self.max_pos if self.max_pos is not None else 1 << 62) - 1)
 
     def set_step(self, token: int, pos: int) -> None:
         """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""
