@@ -115,7 +115,7 @@ EXTRA_OPS = {
                          "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
-# bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family (gpt2asm_plan_abi, the table of
+# bound by gpt2asm/lib.py and gpt2asm/cpu.py whatever the family (gpt2asm_plan_abi, the table of
 # asm/plan_abi.h: by tests/test_plan_abi.py)
 COMMON_SYMBOLS = {
     "x86_64": ("gpt2asm_build_id", "gpt2asm_cpuid", "gpt2asm_xgetbv", "gpt2asm_plan_abi"),

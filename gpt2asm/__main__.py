@@ -12,8 +12,10 @@ import os
 import sys
 import time
 
+from .args import sampling as check_sampling
 from .errors import GPT2AsmError
-from .kernels import FAMILIES, ARCH
+from .cpu import FAMILIES
+from .lib import ARCH
 
 DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8"}     # --dtype -> the stats line's name
 
@@ -30,18 +32,6 @@ def positive_int(lo: int, hi: int):
     return parse
 
 
-def bounded_float(lo: float, hi: float, lo_open: bool = False):
-    def parse(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-        if not (lo < v if lo_open else lo <= v) or not v <= hi:
-            raise argparse.ArgumentTypeError(f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {s}")
-        return v
-    return parse
-
-
 def parser() -> argparse.ArgumentParser:
     names = FAMILIES.get(ARCH, [])
     ap = argparse.ArgumentParser(
@@ -50,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("prompt", nargs="*", help="the prompt (words are joined with spaces; empty = <|endoftext|>)")
     ap.add_argument("-n", type=positive_int(0, 1 << 20), default=64, metavar="N",
                     help="tokens to generate (default 64)")
-    ap.add_argument("-t", type=bounded_float(0.0, 100.0), default=0.8, metavar="T",
+    ap.add_argument("-t", type=float, default=0.8, metavar="T",
                     help="sampling temperature, 0 = greedy (default 0.8)")
     ap.add_argument("-s", metavar="ISA", default=None,
                     help=f"kernel family: {' | '.join(f'{i}={n}' for i, n in enumerate(names))} or a name "
@@ -67,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
                          "bytes attention reads at long context)")
     ap.add_argument("-i", dest="ids", action="store_true",
                     help="print token ids: line 1 the prompt, line 2 the output")
-    ap.add_argument("--seed", type=positive_int(0, (1 << 64) - 1), default=None,
+    ap.add_argument("--seed", type=int, default=None,
                     help="PRNG seed for sampling (default: random)")
     ap.add_argument("--model", metavar="DIR|NAME", default=None,
                     help="directory with model.safetensors, vocab.json, merges.txt (+ config.json), or a hub "
@@ -75,11 +65,11 @@ def parser() -> argparse.ArgumentParser:
                          "else downloaded). Default: $GPT2ASM_MODEL, else the current directory, else gpt2")
     ap.add_argument("--offline", action="store_true",
                     help="never download (as HF_HUB_OFFLINE=1): use local and cached files only")
-    ap.add_argument("--top-k", type=positive_int(0, 1 << 20), default=0, metavar="K",
+    ap.add_argument("--top-k", type=int, default=0, metavar="K",
                     help="sample only from the K most likely tokens (0 = off)")
-    ap.add_argument("--top-p", type=bounded_float(0.0, 1.0, lo_open=True), default=1.0, metavar="P",
+    ap.add_argument("--top-p", type=float, default=1.0, metavar="P",
                     help="nucleus sampling: the smallest set with probability ≥ P (1 = off)")
-    ap.add_argument("--repetition-penalty", type=bounded_float(0.0, 100.0, lo_open=True), default=1.0,
+    ap.add_argument("--repetition-penalty", type=float, default=1.0,
                     metavar="R", help="divide logits of tokens already seen by R (1 = off)")
     ap.add_argument("--help", action="help", help="show this help and exit")
     return ap
@@ -96,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     dtype = weight_dtype(ap, args)
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little")
+    try:                                            # the API's own check, before anything is loaded
+        sampling = check_sampling(args.t, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+    except GPT2AsmError as e:
+        ap.error(str(e))
     stats: dict = {}
     model = None
     load_s = 0.0
@@ -117,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(tools/make_checkpoint.py): the text will be gibberish", file=sys.stderr)
         prompt = " ".join(args.prompt)
         prompt_ids = model.encode(prompt)
-        gen = model.generate_ids(prompt_ids, args.n, temperature=args.t, top_k=args.top_k, top_p=args.top_p,
-                                 repetition_penalty=args.repetition_penalty, seed=seed, stats=stats)
+        gen = model.generate_ids(prompt_ids, args.n, **sampling, stats=stats)
         if args.ids:
             print(" ".join(map(str, prompt_ids or [model.tokenizer.eot_id])), file=out, flush=True)
             midline = True

@@ -22,15 +22,15 @@ import codecs
 import hashlib
 import json
 import math
-import operator
 import os
 import struct
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 
+from .args import integer, token_ids
 from .errors import ContextOverflowError, InvalidArgumentError, TokenizerError
 from .files import find_model_dir, is_random_init
 from .kernels import Kernels
@@ -43,43 +43,10 @@ from .weights import MATRIX_DTYPES
 DTYPES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16",
           "q8": "q8", "int8": "q8"}
 DTYPE_NAMES = tuple(MATRIX_DTYPES)             # the canonical names (Weights.dtype, GPT2.dtype)
-MAX_SEED = (1 << 64) - 1
 
 
 # ----------------------------------------------------------------------------------------------------
 # argument checks
-
-def _int_arg(name: str, v, lo: int, hi: int | None = None) -> int:
-    if isinstance(v, bool):
-        raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
-    try:
-        v = operator.index(v)
-    except TypeError:
-        raise InvalidArgumentError(f"{name} must be an integer, got {type(v).__name__} {v!r}") from None
-    if v < lo or (hi is not None and v > hi):
-        raise InvalidArgumentError(f"{name} must be in {lo}..{hi if hi is not None else '∞'}, got {v}")
-    return v
-
-
-def _float_arg(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise InvalidArgumentError(f"{name} must be a number, got {type(v).__name__} {v!r}")
-    f = float(v)
-    if not math.isfinite(f) or not (lo < f if lo_open else lo <= f) or f > hi:
-        raise InvalidArgumentError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
-    return f
-
-
-def check_sampling(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=None) -> dict:
-    """Validated sampling parameters (seed None = a fresh random seed)."""
-    if seed is None:
-        seed = int.from_bytes(os.urandom(8), "little")
-    return dict(temperature=_float_arg("temperature", temperature, 0.0, 100.0),
-                top_k=_int_arg("top_k", top_k, 0, 1 << 20),
-                top_p=_float_arg("top_p", top_p, 0.0, 1.0, lo_open=True),
-                repetition_penalty=_float_arg("repetition_penalty", repetition_penalty, 0.0, 100.0, lo_open=True),
-                seed=_int_arg("seed", seed, 0, MAX_SEED))
-
 
 def _check_stop(stop) -> list[str]:
     if stop is None:
@@ -164,7 +131,7 @@ class GPT2:
         if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
         dtype = DTYPES[dtype.lower()]
-        threads = _int_arg("threads", threads, 1, 256)
+        threads = integer("threads", threads, 1, 256)
         kernels = Kernels(isa, threads)                 # probe first: fail fast on an unusable CPU
         try:
             if dtype == "q8" and not getattr(kernels, "has_q8", True):
@@ -226,24 +193,9 @@ class GPT2:
         return self.tokenizer.decode(self.check_ids(ids))
 
     def check_ids(self, ids) -> list[int]:
-        """A list of ints in 0..vocab-1, or InvalidArgumentError (no str, float, bool or numpy floats)."""
-        if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
-            raise InvalidArgumentError(f"expected a sequence of token ids, got {type(ids).__name__}")
-        if isinstance(ids, np.ndarray) and ids.ndim != 1:
-            raise InvalidArgumentError(f"expected a 1-D sequence of token ids, got shape {ids.shape}")
-        V = min(self.config.vocab_size, self.tokenizer.vocab_size)
-        out = []
-        for i in ids:
-            if isinstance(i, (bool, np.bool_)):
-                raise InvalidArgumentError(f"token id must be an integer, got {i!r}")
-            try:
-                i = operator.index(i)
-            except TypeError:
-                raise InvalidArgumentError(f"token id must be an integer, got {type(i).__name__} {i!r}") from None
-            if not 0 <= i < V:
-                raise InvalidArgumentError(f"token id {i} out of range 0..{V - 1}")
-            out.append(i)
-        return out
+        """A list of ints in 0..vocab-1 (the ids both the model and the tokenizer know), or
+        InvalidArgumentError (no str, float, bool or numpy floats): args.token_ids."""
+        return token_ids(ids, min(self.config.vocab_size, self.tokenizer.vocab_size))
 
     def logits(self, ids) -> np.ndarray:
         """Logits [len(ids)][vocab] float32 for every position of the token list (full-prefix forward)."""
@@ -258,36 +210,35 @@ class GPT2:
 
     def _prepare(self, prompt_ids, max_new_tokens, sampling: dict) -> tuple[list[int], int, Sampler]:
         ids = self.check_ids(prompt_ids) or [self.tokenizer.eot_id]    # empty prompt: <|endoftext|>
-        n = _int_arg("max_new_tokens", max_new_tokens, 0)
+        n = integer("max_new_tokens", max_new_tokens, 0)
         unknown = set(sampling) - {"temperature", "top_k", "top_p", "repetition_penalty", "seed"}
         if unknown:
             raise InvalidArgumentError(f"unknown argument(s) {', '.join(sorted(unknown))}; sampling takes "
                                        "temperature, top_k, top_p, repetition_penalty, seed")
-        s = check_sampling(**sampling)
+        sampler = Sampler(self.model.k.softmax, **{"seed": None, **sampling}, argmax=self.model.k.argmax)
         if len(ids) + n > self.config.n_ctx:
             raise ContextOverflowError(len(ids) + n, self.config.n_ctx)
-        return ids, n, Sampler(self.model.k.softmax, s["temperature"], s["top_k"], s["top_p"],
-                               s["repetition_penalty"], s["seed"], argmax=self.model.k.argmax)
+        return ids, n, sampler
 
-    def _decode_loop(self, state, logits, history: list[int], n: int, sampler: Sampler, stats: dict | None,
+    def _decode_loop(self, state, out, history: list[int], n: int, sampler: Sampler, stats: dict | None,
                      t1: float, fed: list[int] | None = None) -> Iterator[int]:
-        """Sample n tokens starting from `logits`, feeding each but the last into `state`; fed tracks the
-        tokens the cache holds (sessions).  Greedy sampling takes the first maximum that the step's LM head
-        job found while the logits were in cache (Plan.first_max), when every logit may be sampled."""
+        """Sample n tokens starting from a step's (logits, argmax) `out`, feeding each but the last into
+        `state`; fed tracks the tokens the cache holds (sessions).  Greedy sampling takes the argmax the
+        step's LM head job found while the logits were in cache, when every logit may be sampled."""
         fused = self.n_sample == self.config.vocab_size
         src = view = None
         for k in range(n):
-            g = state.greedy if fused else None                 # the plan that produced these logits
+            logits, argmax = out
             if logits is not src:                               # a step returns the same view each time
                 src, view = logits, logits[:self.n_sample]
-            tok = sampler(view, history, None if g is None else g.first_max)
+            tok = sampler(view, history, argmax) if fused else sampler(view, history)
             history.append(tok)
             if stats is not None:
                 stats["generated"] = k + 1
                 stats["decode_s"] = time.perf_counter() - t1
             yield tok
             if k + 1 < n:
-                logits = self.model.step(state, tok)
+                out = self.model.step(state, tok)
                 if fed is not None:
                     fed.append(tok)
             if stats is not None:
@@ -309,11 +260,11 @@ class GPT2:
             return
         state = self.model.new_state()
         t0 = time.perf_counter()
-        logits = self.model.prefill(state, ids)       # batched: the bits of one step per token
+        out = self.model.prefill(state, ids)          # batched: the bits of one step per token
         t1 = time.perf_counter()
         if stats is not None:
             stats["prefill_s"] = t1 - t0
-        yield from self._decode_loop(state, logits, list(ids), n, sampler, stats, t1)
+        yield from self._decode_loop(state, out, list(ids), n, sampler, stats, t1)
 
     def _text(self, tokens: Iterator[int], stop) -> Iterator[str]:
         ts = _TextStream(_check_stop(stop))
@@ -412,7 +363,7 @@ class Session:
         self._state.n = n
 
     def _prefill(self, ids: list[int]):
-        """Feed ids, reusing the cached prefix; the logits after the last one."""
+        """Feed ids, reusing the cached prefix; model.prefill's (logits, argmax) after the last one."""
         p = 0
         for a, b in zip(self.tokens, ids):
             if a != b:
@@ -422,9 +373,9 @@ class Session:
         del self.tokens[p:]
         self._state.n = p                             # positions ≥ p are overwritten as they are fed
         self.reused, self.prefilled = p, len(ids) - p
-        logits = self.gpt2.model.prefill(self._state, ids[p:])    # the bits of one step per token
+        out = self.gpt2.model.prefill(self._state, ids[p:])       # the bits of one step per token
         self.tokens.extend(ids[p:])
-        return logits
+        return out
 
     def generate_ids(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int = 0,
                      top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
@@ -439,11 +390,11 @@ class Session:
             stats.update(prompt=len(ids), generated=0, prefill_s=0.0, decode_s=0.0)
         try:
             t0 = time.perf_counter()
-            logits = self._prefill(ids)
+            out = self._prefill(ids)
             t1 = time.perf_counter()
             if stats is not None:
                 stats.update(prefill_s=t1 - t0, reused=self.reused)
-            yield from self.gpt2._decode_loop(self._state, logits, list(ids), n, sampler, stats, t1,
+            yield from self.gpt2._decode_loop(self._state, out, list(ids), n, sampler, stats, t1,
                                               fed=self.tokens)
         finally:
             self._sync()
@@ -467,7 +418,7 @@ class Session:
         if len(ids) > self.gpt2.config.n_ctx:
             raise ContextOverflowError(len(ids), self.gpt2.config.n_ctx)
         try:
-            return np.array(self._prefill(ids), dtype=np.float32, copy=True)
+            return np.array(self._prefill(ids)[0], dtype=np.float32, copy=True)
         finally:
             self._sync()
 

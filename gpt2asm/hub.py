@@ -358,19 +358,26 @@ def check_snapshot(d: Path, repo: str, pins: dict[str, Pin] | None = None, remov
 # ----------------------------------------------------------------------------------------------------
 # look-up and download
 
+def _first_verified(dirs, repo: str, pins, looked: list[str]) -> Path | None:
+    """The first complete directory of dirs whose files verify; damaged ones are noted in looked."""
+    for d in dirs:
+        if _complete(d):
+            bad = check_snapshot(d, repo, pins)
+            if not bad:
+                return d
+            looked.append(f"  {d}: removed damaged file(s): {'; '.join(bad)}")
+    return None
+
+
 def find_cached(repo: str, pins: dict[str, Pin] | None = None) -> tuple[Path | None, list[str]]:
     """(a verified complete snapshot directory or None, lines saying where we looked)."""
     pin = load_pins(pins).get(repo)
     rev = pin.revision if pin else None
     looked = []
     hf = hf_cache_dir()
-    for repo_dir in _cache_repo_dirs(repo, hf):
-        for snap in _snapshots(repo_dir, rev):
-            if _complete(snap):
-                bad = check_snapshot(snap, repo, pins)
-                if not bad:
-                    return snap, looked
-                looked.append(f"  {snap}: removed damaged file(s): {'; '.join(bad)}")
+    snap = _first_verified((s for d in _cache_repo_dirs(repo, hf) for s in _snapshots(d, rev)), repo, pins, looked)
+    if snap is not None:
+        return snap, looked
     looked.append(f"  the Hugging Face cache {hf}: no complete snapshot of {repo}")
     own = own_cache_dir() / "models" / repo.replace("/", "--")
     cands = []
@@ -380,12 +387,9 @@ def find_cached(repo: str, pins: dict[str, Pin] | None = None) -> tuple[Path | N
         cands += sorted((p for p in own.iterdir() if p.is_dir()), key=_mtime, reverse=True)
     except OSError:
         pass
-    for d in dict.fromkeys(cands):
-        if _complete(d):
-            bad = check_snapshot(d, repo, pins)
-            if not bad:
-                return d, looked
-            looked.append(f"  {d}: removed damaged file(s): {'; '.join(bad)}")
+    snap = _first_verified(dict.fromkeys(cands), repo, pins, looked)
+    if snap is not None:
+        return snap, looked
     looked.append(f"  gpt2asm's cache {own}: nothing complete")
     return None, looked
 

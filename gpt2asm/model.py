@@ -1,7 +1,7 @@
 """The GPT-2 forward pass: a plan of assembly jobs over validated, preallocated buffers.
 
-A cached step is one call into the library (Kernels.run_plan): the plan (built once per State, every
-pointer and size checked here and in kernels.Plan) holds, per layer,
+A cached step is one call into the library (Plan.step): the plan (built once per State, every
+pointer and size checked here and in plan.Plan) holds, per layer,
 
     QKV     LayerNorm 1 (each thread into its own buffer; layer 0 first adds wte[token] + wpe[pos]),
             then per head h: the q, k, v tiles of c_attn (k, v straight into the cache at pos) and the
@@ -24,25 +24,23 @@ token: the step plan runs the rest of it and the LM head for the last token only
 step per token.
 The full-prefix forward (GPT2.logits) runs the same row plan, then LayerNorm f and the head over every row.
 
-`step_reference` is the same computation as a sequence of single kernel calls from Python (numpy for the
-adds and cache copies): the reference the plan is tested against, the per-kernel comparison of the
-emulated AVX-512 test, and the path of a kernel family without a plan executor.  `prefill_reference` is
-the prefill done so (LayerNorm, attention and GELU kernel calls per row, the matmul kernels over the rows
-with the tiles split over Kernels.run, numpy adds and cache copies): the prefill of such a family, and
-the reference of the tests.
+The forward pass is written here once per plan shape (build_plan: the step; build_prefill_plan: rows);
+jobs are grouped into named spans (Plan.span: "layer", "kv", "head"), and prefill runs spans, never
+counted job indices.  The same computation as single kernel calls from Python, the reference the plans
+are tested against, is in tests/oracle.py.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .args import token_id, token_ids
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
-from .kernels import HEAD_DIM, KV_DTYPES, Kernels, Plan, addr, check
+from .kernels import Kernels
+from .plan import Plan
+from .validate import HEAD_DIM, KV_DTYPES, check
 from .state import State, zeros
 from .weights import MATRIX_DTYPES, Weights
 
-JOBS_PER_LAYER = 4
-ROW_JOBS_PER_LAYER = 7          # jobs per layer of the prefill plan
-ROW_KV_JOBS = 2                 # its first two (ln_1, c_attn): all that fills the layer's cache rows
 PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers (~7 MB for GPT-2 124M)
 
 
@@ -124,8 +122,8 @@ class Transformer:
     # -- the plan ------------------------------------------------------------------------------------
 
     def build_plan(self, s: State, embed: bool = True) -> Plan:
-        """The forward step of the token at the plan's position on state s: JOBS_PER_LAYER jobs per layer
-        (jobs [4i, 4i+4) are layer i), then the head job (LayerNorm f + LM head into s.logits).  With
+        """The forward step of the token at the plan's position on state s: span "layer" i holds layer
+        i's jobs, span "head" the head job (LayerNorm f + LM head into s.logits, and their argmax).  With
         embed, the first job starts with x = wte[token] + wpe[pos]; without, it normalises s.x as it is."""
         cfg, w = self.cfg, self.w
         C, V = cfg.n_embd, cfg.vocab_size
@@ -133,29 +131,33 @@ class Transformer:
         p = self.k.new_plan()
         p.set_embedding(wte, wpe, s.x)
         for i, L in enumerate(w.layers):
-            p.qkv_attention(L.attn_w, L.attn_b, s.qkv, s.k[i], s.v[i], s.att, ln=(s.x, L.ln1_g, L.ln1_b),
-                            embed=embed and i == 0, scale=scale(L, "attn"))
-            p.matvec(L.attn_proj_w, s.att, L.attn_proj_b, s.proj, resid=s.x, scale=scale(L, "attn_proj"))
-            p.matvec(L.fc_w, None, L.fc_b, s.fc, ln=(s.x, L.ln2_g, L.ln2_b), gelu=True, scale=scale(L, "fc"))
-            p.matvec(L.proj_w, s.fc, L.proj_b, s.proj, resid=s.x, scale=scale(L, "proj"))
-        p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b), scale=scale(w, "head"),
-                 argmax=V)                         # + the first maximum of the logits, while in cache
+            with p.span("layer"):
+                p.qkv_attention(L.attn_w, L.attn_b, s.qkv, s.k[i], s.v[i], s.att, ln=(s.x, L.ln1_g, L.ln1_b),
+                                embed=embed and i == 0, scale=scale(L, "attn"))
+                p.matvec(L.attn_proj_w, s.att, L.attn_proj_b, s.proj, resid=s.x, scale=scale(L, "attn_proj"))
+                p.matvec(L.fc_w, None, L.fc_b, s.fc, ln=(s.x, L.ln2_g, L.ln2_b), gelu=True, scale=scale(L, "fc"))
+                p.matvec(L.proj_w, s.fc, L.proj_b, s.proj, resid=s.x, scale=scale(L, "proj"))
+        with p.span("head"):
+            p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b), scale=scale(w, "head"),
+                     argmax=V)                     # + the first maximum of the logits, while in cache
         return p.build()
 
     def build_prefill_plan(self, s: State) -> Plan:
         """Every layer of a prefill run over the row buffers r = s.rows [R][.]: rows t < n_tok, the tokens
-        at positions pos + t (Plan.set_rows), r.x holding their embeddings; ROW_JOBS_PER_LAYER jobs per layer,
-        of which the first ROW_KV_JOBS fill the layer's k / v cache rows."""
+        at positions pos + t (Plan.set_rows), r.x holding their embeddings; span "layer" i holds layer i's
+        jobs, span "kv" i the first of them, all that fills the layer's k / v cache rows."""
         r, p = s.prefill_rows(PREFILL_ROWS), self.k.new_plan()
         for i, L in enumerate(self.w.layers):
             k, v = s.k[i], s.v[i]                                                 # [H][n_ctx][64]
-            p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h)                          # h = ln_1(x)      [T][C]
-            p.matmul(L.attn_w, r.h, L.attn_b, r.q, kv=(k, v), scale=scale(L, "attn"))  # q [T][C]; k, v -> cache
-            p.rows_attention(r.q, k, v, r.att)                                    # att, causal     [T][C]
-            p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x, scale=scale(L, "attn_proj"))  # x += att W
-            p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                          # h = ln_2(x)
-            p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True, scale=scale(L, "fc"))  # fc = gelu(h W) [T][4C]
-            p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x, scale=scale(L, "proj"))  # x += fc W
+            with p.span("layer"):
+                with p.span("kv"):
+                    p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h)                  # h = ln_1(x)      [T][C]
+                    p.matmul(L.attn_w, r.h, L.attn_b, r.q, kv=(k, v), scale=scale(L, "attn"))  # q; k, v -> cache
+                p.rows_attention(r.q, k, v, r.att)                                # att, causal     [T][C]
+                p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x, scale=scale(L, "attn_proj"))
+                p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                      # h = ln_2(x)
+                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True, scale=scale(L, "fc"))  # fc = gelu(h W) [T][4C]
+                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x, scale=scale(L, "proj"))  # x += fc W
         return p.build()
 
     def _step_plan(self, s: State) -> Plan:
@@ -172,70 +174,52 @@ class Transformer:
             s.prefill_owner = self.arrays
         return s.prefill_plan
 
-    def _check_step(self, s: State, token) -> tuple[int, int]:
+    def check_step(self, s: State, token) -> tuple[int, int]:
+        """(token, position) of the next step on s: ContextOverflowError when the cache is full."""
         pos = s.n
         if pos >= self.cfg.n_ctx:
             raise ContextOverflowError(pos + 1, self.cfg.n_ctx)
-        try:
-            token = int(token)
-        except (TypeError, ValueError, OverflowError):
-            raise InvalidArgumentError(f"token id {token!r} is not an integer") from None
-        if not 0 <= token < self.cfg.vocab_size:
-            raise InvalidArgumentError(f"token id {token} out of range 0..{self.cfg.vocab_size - 1}")
-        return token, pos
+        return token_id(token, self.cfg.vocab_size), pos
 
-    def step(self, s: State, token: int) -> np.ndarray:
-        """Feed one token at position s.n, extend the cache; return the logits [vocab] (a view of s)."""
-        if self.resident is not None:
-            self._adopt()
-        if not self.k.has_plan:
-            return self.step_reference(s, token)
-        token, pos = self._check_step(s, token)
-        plan = s.plan if s.plan_owner is self.arrays else self._step_plan(s)
-        plan.step(token, pos)                      # the whole forward step: one call into the library
-        s.n, s.greedy = pos + 1, plan              # plan.first_max(): the argmax of these logits
-        return s.logits_view
-
-    def _check_tokens(self, s: State, tokens) -> list[int]:
-        if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
-            raise InvalidArgumentError(f"tokens: expected a sequence of token ids, got {type(tokens).__name__}")
-        if len(tokens) == 0:
-            raise InvalidArgumentError("tokens: at least one token id is needed")
-        V = self.cfg.vocab_size
-        for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise InvalidArgumentError(f"token id {t!r} is not an integer")
-            if not 0 <= t < V:
-                raise InvalidArgumentError(f"token id {t} out of range 0..{V - 1}")
+    def check_tokens(self, s: State, tokens) -> list[int]:
+        """At least one token id, all of which fit into s's cache."""
+        tokens = token_ids(tokens, self.cfg.vocab_size, empty=False)
         if s.n + len(tokens) > self.cfg.n_ctx:
             raise ContextOverflowError(s.n + len(tokens), self.cfg.n_ctx)
-        return [int(t) for t in tokens]
+        return tokens
 
-    def prefill(self, s: State, tokens) -> np.ndarray:
-        """Feed tokens at positions s.n, s.n+1, ..., extend the cache; return the logits [vocab] of the last
-        token (a view of s).  Bit-identical to step() for each token (logits and cache): layer by layer over
-        up to PREFILL_ROWS tokens per plan run (per kernel call without a plan executor: prefill_reference),
-        the LM head only for the last token."""
-        tokens = self._check_tokens(s, tokens)
+    def step(self, s: State, token: int) -> tuple[np.ndarray, int | None]:
+        """Feed one token at position s.n, extend the cache: (logits [vocab], a view of s; the index of
+        their first maximum -- what greedy sampling takes -- or None if any is NaN or infinite)."""
+        if self.resident is not None:
+            self._adopt()
+        token, pos = self.check_step(s, token)
+        plan = s.plan if s.plan_owner is self.arrays else self._step_plan(s)
+        plan.step(token, pos)                      # the whole forward step: one call into the library
+        s.n = pos + 1
+        return s.logits_view, plan.first_max()     # the head job's argmax, reduced by the same call
+
+    def prefill(self, s: State, tokens) -> tuple[np.ndarray, int | None]:
+        """Feed tokens at positions s.n, s.n+1, ..., extend the cache; return step()'s (logits, argmax) of
+        the last token.  Bit-identical to step() for each token (logits and cache): layer by layer over up
+        to PREFILL_ROWS tokens per plan run, the LM head only for the last token."""
+        tokens = self.check_tokens(s, tokens)
         if self.resident is not None:
             self._adopt()
         if len(tokens) == 1 or not self.k.has_matmul:
             for t in tokens:               # one token (a step is faster), or no matmul kernels: cached steps
-                logits = self.step(s, t)
-            return logits
-        if not self.k.has_plan:
-            return self.prefill_reference(s, tokens)
+                out = self.step(s, t)
+            return out
         # Only the cache rows of the last layer are needed for all tokens (later steps read them); the
         # rest of that layer, like the head, only for the last token.  So the row plan stops after the
-        # last layer's ln_1 + c_attn, and the step plan runs that layer and the head for the last token
-        # from the residual row going into it (its k / v rewritten with the same bits).
-        n, head = self.cfg.n_layer, self._step_plan(s)
-        T = self._run_rows(s, tokens, PREFILL_ROWS, end=ROW_JOBS_PER_LAYER * (n - 1) + ROW_KV_JOBS)
+        # last layer's "kv" span (ln_1 + c_attn), and the step plan runs its last layer and the head for
+        # the last token from the residual row going into it (its k / v rewritten with the same bits).
+        step, rows = self._step_plan(s), self._prefill_plan(s)
+        T = self._run_rows(s, tokens, PREFILL_ROWS, end=rows.spans["kv"][-1].stop)
         s.x[:] = s.rows.x[T - 1]
-        head.set_step(tokens[-1], s.n - 1)
-        self.k.run_plan(head, JOBS_PER_LAYER * (n - 1), JOBS_PER_LAYER * n + 1)
-        s.greedy = head
-        return s.logits_view
+        step.set_step(tokens[-1], s.n - 1)
+        step.run(range(step.spans["layer"][-1].start, step.spans["head"][-1].stop))
+        return s.logits_view, step.first_max()
 
     def _run_rows(self, s: State, tokens: list[int], R: int, after=None, end: int | None = None) -> int:
         """Run the prefill plan (its jobs [0, end)) over tokens (checked) from position s.n, in runs of at
@@ -250,7 +234,7 @@ class Transformer:
             T, pos = len(ids), s.n
             np.add(wte[ids], wpe[pos:pos + T], out=x[:T])          # x[t] = wte[token] + wpe[pos + t]
             p.set_rows(T, pos)
-            self.k.run_plan(p, 0, end)                             # the layers over the T rows: one call
+            p.run(None if end is None else range(end))             # the layers over the T rows: one call
             s.n = pos + T
             if after is not None:
                 after(c0, T)
@@ -260,18 +244,13 @@ class Transformer:
         """Full-prefix forward from an empty cache: logits [T][vocab] for every position.  The prefill's
         row jobs over up to PREFILL_ROWS tokens per run, then LayerNorm f and the LM head (a matmul) over
         the same rows: each output the same operations as in cached steps, so the same bits."""
-        T, V = len(tokens), self.cfg.vocab_size
-        if T > self.cfg.n_ctx:
-            raise ContextOverflowError(T, self.cfg.n_ctx)
-        tokens = [int(t) for t in tokens]
-        for t in tokens:
-            if not 0 <= t < V:
-                raise InvalidArgumentError(f"token id {t} out of range 0..{V - 1}")
+        w, s, V = self.w, self.new_state(), self.cfg.vocab_size
+        tokens = self.check_tokens(s, tokens)
         if self.resident is not None:
             self._adopt()
-        if not (self.k.has_plan and self.k.has_matmul):
-            return self._forward_reference(tokens)
-        w, s = self.w, self.new_state()
+        if not self.k.has_matmul:                                            # cached steps: the same bits
+            return np.stack([self.step(s, t)[0] for t in tokens])
+        T = len(tokens)
         R = min(T, PREFILL_ROWS)
         r = s.prefill_rows(PREFILL_ROWS)
         logits = zeros((R, self.n_tiles_head * 64))                         # [R][vocab padded]
@@ -283,116 +262,7 @@ class Transformer:
 
         def run_head(c0: int, n: int) -> None:                             # after every layer over n rows
             head.set_rows(n, c0)
-            self.k.run_plan(head)
+            head.run()
             out[c0:c0 + n] = logits[:n, :V]
         self._run_rows(s, tokens, R, run_head)
-        return out
-
-    # -- the per-call reference path -----------------------------------------------------------------
-
-    def _matvec(self, w: np.ndarray, s: np.ndarray | None, x: int, b: np.ndarray | None, y: int, n_in: int) -> None:
-        self.k.run(*self.k.matvec_job(w, x, None if b is None else addr(b), y, n_in, w.shape[0],
-                                      None if s is None else addr(s)))
-
-    def _block(self, s: State, i: int, pos: int) -> None:
-        """Transformer block i for the token at position pos; s.x is the residual stream."""
-        L, C, H = self.w.layers[i], self.cfg.n_embd, self.cfg.n_head
-        K = self.k
-        K.layernorm_f32(addr(s.x), addr(L.ln1_g), addr(L.ln1_b), addr(s.h), C)
-        self._matvec(L.attn_w, scale(L, "attn"), addr(s.h), L.attn_b, addr(s.qkv), C)  # qkv [3C] = h W + b
-        s.k[i, :, pos] = s.qkv[C:2 * C].reshape(H, HEAD_DIM)               # cache this position (a binary16
-        s.v[i, :, pos] = s.qkv[2 * C:3 * C].reshape(H, HEAD_DIM)           # cache: rounded to nearest even)
-        K.run(*K.attention_job(addr(s.qkv), addr(s.k[i]), addr(s.v[i]), addr(s.att), [addr(a) for a in s.scratch],
-                               pos + 1, self.cfg.n_ctx * HEAD_DIM, H, s.k.dtype == np.float16))
-        self._matvec(L.attn_proj_w, scale(L, "attn_proj"), addr(s.att), L.attn_proj_b, addr(s.proj), C)
-        np.add(s.x, s.proj[:C], out=s.x)                                   # x += attn
-        K.layernorm_f32(addr(s.x), addr(L.ln2_g), addr(L.ln2_b), addr(s.h), C)
-        self._matvec(L.fc_w, scale(L, "fc"), addr(s.h), L.fc_b, addr(s.fc), C)  # fc [4C]
-        K.gelu_f32(addr(s.fc), addr(s.fc), 4 * C)
-        self._matvec(L.proj_w, scale(L, "proj"), addr(s.fc), L.proj_b, addr(s.proj), 4 * C)
-        np.add(s.x, s.proj[:C], out=s.x)                                   # x += mlp
-
-    def _embed(self, s: State, token: int, pos: int) -> None:
-        np.add(self.w.wte[token], self.w.wpe[pos], out=s.x)
-
-    def _head(self, s: State) -> np.ndarray:
-        C = self.cfg.n_embd
-        self.k.layernorm_f32(addr(s.x), addr(self.w.ln_f_g), addr(self.w.ln_f_b), addr(s.h), C)
-        self._matvec(self.w.head_w, scale(self.w, "head"), addr(s.h), self.w.head_b, addr(s.logits), C)
-        s.greedy = None
-        return s.logits[:self.cfg.vocab_size]
-
-    def step_reference(self, s: State, token: int) -> np.ndarray:
-        """step() as single kernel calls from Python: the same logits bits, more overhead."""
-        token, pos = self._check_step(s, token)
-        self._embed(s, token, pos)
-        for i in range(self.cfg.n_layer):
-            self._block(s, i, pos)
-        s.n = pos + 1
-        return self._head(s)
-
-    def _matmul(self, w: np.ndarray, s: np.ndarray | None, x: np.ndarray, b: np.ndarray | None, y: np.ndarray,
-                T: int, n_in: int) -> None:
-        """y[t] = W x[t] + b for the rows t < T of the C-contiguous row buffers x, y (the matmul kernels)."""
-        self.k.run(*self.k.matmul_job(w, addr(x), x.shape[1], None if b is None else addr(b), addr(y), y.shape[1],
-                                      T, n_in, w.shape[0], None if s is None else addr(s)))
-
-    def _rows_block(self, s: State, qkv: np.ndarray, i: int, T: int, pos: int) -> None:
-        """Transformer block i for the rows t < T of s.rows (the tokens at positions pos + t): _block's
-        kernel calls and numpy adds, with the matmul kernels for the T rows at once."""
-        L, C, H, K, r = self.w.layers[i], self.cfg.n_embd, self.cfg.n_head, self.k, s.rows
-        x = r.x[:T]
-        for t in range(T):
-            K.layernorm_f32(addr(x[t]), addr(L.ln1_g), addr(L.ln1_b), addr(r.h[t]), C)
-        self._matmul(L.attn_w, scale(L, "attn"), r.h, L.attn_b, qkv, T, C)     # qkv [T][3C]
-        s.k[i, :, pos:pos + T] = qkv[:T, C:2 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)   # cache rows
-        s.v[i, :, pos:pos + T] = qkv[:T, 2 * C:3 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)
-        for t in range(T):                                                   # row t: positions 0 .. pos + t
-            K.run(*K.attention_job(addr(qkv[t]), addr(s.k[i]), addr(s.v[i]), addr(r.att[t]),
-                                   [addr(a) for a in s.scratch], pos + t + 1, self.cfg.n_ctx * HEAD_DIM, H,
-                                   s.k.dtype == np.float16))
-        self._matmul(L.attn_proj_w, scale(L, "attn_proj"), r.att, L.attn_proj_b, r.y, T, C)
-        np.add(x, r.y[:T, :C], out=x)                                        # x += attn
-        for t in range(T):
-            K.layernorm_f32(addr(x[t]), addr(L.ln2_g), addr(L.ln2_b), addr(r.h[t]), C)
-        self._matmul(L.fc_w, scale(L, "fc"), r.h, L.fc_b, r.fc, T, C)       # fc [T][4C]
-        K.gelu_f32(addr(r.fc), addr(r.fc), T * 4 * C)
-        self._matmul(L.proj_w, scale(L, "proj"), r.fc, L.proj_b, r.y, T, 4 * C)
-        np.add(x, r.y[:T, :C], out=x)                                        # x += mlp
-
-    def prefill_reference(self, s: State, tokens: list[int]) -> np.ndarray:
-        """prefill() as single kernel calls from Python (a family with the matmul kernels but without a plan
-        executor; every family of this library has one): layer by layer over up to PREFILL_ROWS tokens,
-        then the head for the last token; the logits and cache bits of cached steps (any family with the
-        matmul kernels; the tests force every family onto it)."""
-        tokens = self._check_tokens(s, tokens)
-        cfg, r = self.cfg, s.prefill_rows(PREFILL_ROWS)
-        wte, wpe = self.w.wte.reshape(cfg.vocab_size, -1), self.w.wpe.reshape(cfg.n_ctx, -1)
-        qkv = np.empty((min(len(r.x), len(tokens)), 3 * cfg.n_embd), np.float32)
-        for c0 in range(0, len(tokens), len(r.x)):
-            ids = tokens[c0:c0 + len(r.x)]
-            T, pos = len(ids), s.n
-            np.add(wte[ids], wpe[pos:pos + T], out=r.x[:T])                # x[t] = wte[token] + wpe[pos + t]
-            for i in range(cfg.n_layer):
-                self._rows_block(s, qkv, i, T, pos)
-            s.n = pos + T
-        s.x[:] = r.x[T - 1]
-        return self._head(s)
-
-    def _forward_reference(self, tokens: list[int]) -> np.ndarray:
-        T, C = len(tokens), self.cfg.n_embd
-        s = self.new_state()
-        xs = np.empty((T, C), np.float32)
-        for t, tok in enumerate(tokens):
-            self._embed(s, tok, t)
-            xs[t] = s.x
-        for i in range(self.cfg.n_layer):
-            for t in range(T):
-                s.x[:] = xs[t]
-                self._block(s, i, t)
-                xs[t] = s.x
-        out = np.empty((T, self.cfg.vocab_size), np.float32)
-        for t in range(T):
-            s.x[:] = xs[t]
-            out[t] = self._head(s)
         return out

@@ -70,43 +70,33 @@ def _quantize_block(blk: np.ndarray, axis: int, what: str) -> tuple[np.ndarray, 
 def quantize_q8(w_in_out) -> tuple[np.ndarray, np.ndarray]:
     """HF Conv1D weight W[in][out] -> (q int8 [n_tiles][in][64], scale float32 [64*n_tiles]), both
     64-byte aligned; n_tiles = ceil(out/64), padding outputs have q = 0 and scale = 0."""
-    w = _as_f32_matrix(w_in_out, "quantize_q8")
-    n_in, n_out = w.shape
-    n_tiles = -(-n_out // TILE)
-    q = aligned_empty((n_tiles, n_in, TILE), np.int8)
-    scale = aligned_empty((n_tiles * TILE,), np.float32)
-    for t0 in range(0, n_tiles, _CHUNK):
-        t1 = min(t0 + _CHUNK, n_tiles)
-        o0, o1 = t0 * TILE, min(t1 * TILE, n_out)
-        blk = np.asarray(w[:, o0:o1], dtype=np.float32)        # [in][m]
-        qb, sb = _quantize_block(blk, 0, "quantize_q8")
-        m = o1 - o0
-        if m < (t1 - t0) * TILE:                                # last, partial tile: zero padding
-            qb = np.concatenate([qb, np.zeros((n_in, (t1 - t0) * TILE - m), np.int8)], axis=1)
-            sb = np.concatenate([sb, np.zeros((t1 - t0) * TILE - m, np.float32)])
-        q[t0:t1] = qb.reshape(n_in, t1 - t0, TILE).transpose(1, 0, 2)
-        scale[o0:o0 + sb.size] = sb
-    return q, scale
+    return _quantize_tiles(_as_f32_matrix(w_in_out, "quantize_q8"), 0, "quantize_q8")
 
 
 def quantize_q8_head(w_out_in) -> tuple[np.ndarray, np.ndarray]:
     """Output head E[V][C] (wte or lm_head.weight; logits = x @ E.T) -> exactly quantize_q8(E.T):
     q int8 [ceil(V/64)][C][64] with q[t][i][j] = q(E[64t+j][i]), scale float32 [64*ceil(V/64)]."""
-    e = _as_f32_matrix(w_out_in, "quantize_q8_head")
-    n_out, n_in = e.shape
+    return _quantize_tiles(_as_f32_matrix(w_out_in, "quantize_q8_head"), 1, "quantize_q8_head")
+
+
+def _quantize_tiles(w: np.ndarray, axis: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """The tiles and scales of w, whose inputs run along `axis` (0: W[in][out]; 1: E[out][in]), a block
+    of _CHUNK tiles at a time."""
+    n_in, n_out = w.shape[axis], w.shape[1 - axis]
     n_tiles = -(-n_out // TILE)
     q = aligned_empty((n_tiles, n_in, TILE), np.int8)
     scale = aligned_empty((n_tiles * TILE,), np.float32)
     for t0 in range(0, n_tiles, _CHUNK):
         t1 = min(t0 + _CHUNK, n_tiles)
         o0, o1 = t0 * TILE, min(t1 * TILE, n_out)
-        blk = np.asarray(e[o0:o1], dtype=np.float32)           # [m][in]
-        qb, sb = _quantize_block(blk, 1, "quantize_q8_head")
-        m = o1 - o0
-        if m < (t1 - t0) * TILE:
-            qb = np.concatenate([qb, np.zeros(((t1 - t0) * TILE - m, n_in), np.int8)], axis=0)
-            sb = np.concatenate([sb, np.zeros((t1 - t0) * TILE - m, np.float32)])
-        q[t0:t1] = qb.reshape(t1 - t0, TILE, n_in).transpose(0, 2, 1)
+        blk = np.asarray(w[:, o0:o1] if axis == 0 else w[o0:o1], dtype=np.float32)   # [in][m] or [m][in]
+        qb, sb = _quantize_block(blk, axis, what)
+        pad = (t1 - t0) * TILE - (o1 - o0)
+        if pad:                                                 # last, partial tile: zero padding
+            qb = np.concatenate([qb, np.zeros((n_in, pad) if axis == 0 else (pad, n_in), np.int8)], axis=1 - axis)
+            sb = np.concatenate([sb, np.zeros(pad, np.float32)])
+        q[t0:t1] = (qb.reshape(n_in, t1 - t0, TILE).transpose(1, 0, 2) if axis == 0 else
+                    qb.reshape(t1 - t0, TILE, n_in).transpose(0, 2, 1))
         scale[o0:o0 + sb.size] = sb
     return q, scale
 

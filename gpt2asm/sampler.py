@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidArgumentError, NonFiniteLogitsError
+from .args import sampling
+from .errors import NonFiniteLogitsError
 
 MASK64 = (1 << 64) - 1
+UNKNOWN = object()           # Sampler(first_max=...): no argmax computed with the logits
 
 
 class Rng:
@@ -31,37 +33,26 @@ class Rng:
         return (((x * 0x2545F4914F6CDD1D) & MASK64) >> 11) * (1.0 / (1 << 53))
 
 
-def check_params(temperature: float, top_k: int, top_p: float, repetition_penalty: float) -> None:
-    if not (isinstance(temperature, (int, float)) and 0.0 <= temperature <= 100.0):
-        raise InvalidArgumentError(f"temperature must be in [0, 100], got {temperature!r}")
-    if not (isinstance(top_k, int) and top_k >= 0):
-        raise InvalidArgumentError(f"top_k must be an integer ≥ 0 (0 = off), got {top_k!r}")
-    if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
-        raise InvalidArgumentError(f"top_p must be in (0, 1], got {top_p!r}")
-    if not (isinstance(repetition_penalty, (int, float)) and 0.0 < repetition_penalty <= 100.0):
-        raise InvalidArgumentError(f"repetition_penalty must be in (0, 100], got {repetition_penalty!r}")
-
-
 class Sampler:
     def __init__(self, softmax, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0,
-                 repetition_penalty: float = 1.0, seed: int = 0, argmax=None):
-        check_params(temperature, top_k, top_p, repetition_penalty)
-        if not (isinstance(seed, int) and 0 <= seed < 1 << 64):
-            raise InvalidArgumentError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+                 repetition_penalty: float = 1.0, seed: int | None = 0, argmax=None):
+        """Arguments checked by args.sampling (seed None: random)."""
+        a = sampling(temperature, top_k, top_p, repetition_penalty, seed)
         self.softmax = softmax                   # the assembly softmax: float32 [n] -> float32 [n]
         self.argmax = argmax                     # the assembly argmax: float32 [n] -> first max, None if
                                                  # any NaN/inf (greedy: one pass over the cold logits)
-        self.temperature, self.top_k, self.top_p = float(temperature), top_k, float(top_p)
-        self.penalty = float(repetition_penalty)
-        self.rng = Rng(seed)
+        self.temperature, self.top_k, self.top_p = a["temperature"], a["top_k"], a["top_p"]
+        self.penalty, self.seed = a["repetition_penalty"], a["seed"]
+        self.rng = Rng(self.seed)
 
-    def __call__(self, logits: np.ndarray, history: list[int] | None = None, first_max=None) -> int:
-        """logits [vocab] float32 (not modified) -> token id.  first_max: None, or a function giving the
-        argmax of these logits as self.argmax would (an int, None if any is non-finite), already computed
-        (the step's LM head job: no second pass over the logits)."""
+    def __call__(self, logits: np.ndarray, history: list[int] | None = None, first_max=UNKNOWN) -> int:
+        """logits [vocab] float32 (not modified) -> token id.  first_max: the index of the first maximum
+        of these logits as self.argmax would give it (None if any is non-finite), already computed (the
+        argmax a model step returns, found by its LM head job: no second pass over the logits), or
+        UNKNOWN."""
         greedy = self.temperature == 0.0 and (self.penalty == 1.0 or not history)
-        if greedy and (first_max is not None or self.argmax is not None):
-            i = first_max() if first_max is not None else self.argmax(logits)     # plain greedy: first max
+        if greedy and (first_max is not UNKNOWN or self.argmax is not None):
+            i = first_max if first_max is not UNKNOWN else self.argmax(logits)    # plain greedy: first max
             if i is None:
                 self._non_finite(logits)
             return i

@@ -14,7 +14,7 @@ import numpy as np
 
 from .config import GPT2Config
 from .errors import InvalidArgumentError
-from .kernels import HEAD_DIM, TILE
+from .validate import HEAD_DIM, TILE
 from .weights import aligned_zeros
 
 
@@ -43,7 +43,6 @@ class State:
         self.logits_view = self.logits[:cfg.vocab_size]
         self.scratch = [zeros(H * (-(-T // 16) * 16)) for _ in range(threads)]  # scores: a row per head
         self.n = 0                                          # positions held in the cache
-        self.greedy = None                                  # the plan whose argmax job saw the logits
         self.plan = None                                    # the step plan over these buffers (model.py),
         self.plan_owner = None                              # built by this Transformer on first use
         self.rows = None                                    # prefill row buffers (prefill_rows)

@@ -93,19 +93,31 @@ def tile_matrix(w_in_out: np.ndarray, dtype=np.float32) -> np.ndarray:
 
     Conversion to float16 rounds to nearest even. The result is C-contiguous and 64-byte aligned.
     """
-    w = np.asarray(w_in_out)
-    if w.ndim != 2:
-        raise InvalidArgumentError(f"tile_matrix expects a 2-D [in][out] matrix, got shape {w.shape}")
-    dt = _engine_dtype(dtype)
+    w = _matrix(w_in_out, "tile_matrix", "[in][out]")
     n_in, n_out = w.shape
+    return _tiles(n_in, n_out, _engine_dtype(dtype),
+                  lambda full: w[:, :full * TILE].reshape(n_in, full, TILE).transpose(1, 0, 2),  # [full][in][64]
+                  lambda o: w[:, o:])                                                              # [in][rest]
+
+
+def _matrix(a, what: str, layout: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise InvalidArgumentError(f"{what} expects a 2-D {layout} matrix, got shape {a.shape}")
+    return a
+
+
+def _tiles(n_in: int, n_out: int, dtype, full_tiles, last_tile) -> np.ndarray:
+    """out [ceil(n_out/64)][n_in][64] (C-contiguous, 64-byte aligned): the n_out // 64 whole tiles from
+    full_tiles(n) (a [n][n_in][64] view), the last, partial one from last_tile(64 n) ([n_in][rest]),
+    zero-padded; conversion to float16 rounds to nearest even."""
     n_tiles, full = -(-n_out // TILE), n_out // TILE
-    out = aligned_empty((n_tiles, n_in, TILE), dt)                       # [T][in][64]
+    out = aligned_empty((n_tiles, n_in, TILE), dtype)
     if full:
-        src = w[:, :full * TILE].reshape(n_in, full, TILE).transpose(1, 0, 2)   # [full][in][64] view
-        np.copyto(out[:full], src, casting="same_kind")
-    if full < n_tiles:                                                   # last, partial tile
+        np.copyto(out[:full], full_tiles(full), casting="same_kind")
+    if full < n_tiles:
         rest = n_out - full * TILE
-        np.copyto(out[full, :, :rest], w[:, full * TILE:], casting="same_kind")
+        np.copyto(out[full, :, :rest], last_tile(full * TILE), casting="same_kind")
         out[full, :, rest:] = 0
     return out
 
@@ -117,21 +129,11 @@ def tile_head(w_out_in: np.ndarray, dtype=np.float32) -> np.ndarray:
     tile_matrix(E.T) -- built tile by tile from a (T, 64, C) -> (T, C, 64) transposed view of E, without
     materialising E.T.
     """
-    e = np.asarray(w_out_in)
-    if e.ndim != 2:
-        raise InvalidArgumentError(f"tile_head expects a 2-D [V][C] matrix, got shape {e.shape}")
-    dt = _engine_dtype(dtype)
+    e = _matrix(w_out_in, "tile_head", "[V][C]")
     n_out, n_in = e.shape
-    n_tiles, full = -(-n_out // TILE), n_out // TILE
-    out = aligned_empty((n_tiles, n_in, TILE), dt)                       # [T][C][64]
-    if full:
-        src = e[:full * TILE].reshape(full, TILE, n_in).transpose(0, 2, 1)   # [full][C][64] view
-        np.copyto(out[:full], src, casting="same_kind")
-    if full < n_tiles:
-        rest = n_out - full * TILE
-        np.copyto(out[full, :, :rest], e[full * TILE:].T, casting="same_kind")
-        out[full, :, rest:] = 0
-    return out
+    return _tiles(n_in, n_out, _engine_dtype(dtype),
+                  lambda full: e[:full * TILE].reshape(full, TILE, n_in).transpose(0, 2, 1),  # [full][C][64]
+                  lambda o: e[o:].T)                                                            # [C][rest]
 
 
 def pad_vector(b: np.ndarray, n: int | None = None) -> np.ndarray:

@@ -67,5 +67,5 @@ def ckpt_124m(tokenizer_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def families() -> list[str]:
-    from gpt2asm.kernels import available_families
+    from gpt2asm.cpu import available_families
     return available_families()

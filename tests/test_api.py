@@ -63,7 +63,7 @@ def test_encode_decode_logits(m):
     full = m.logits(ids)
     assert full.shape == (len(ids), m.config.vocab_size) and full.dtype == np.float32
     st = m.model.new_state()
-    steps = np.stack([m.model.step(st, t).copy() for t in ids])
+    steps = np.stack([m.model.step(st, t)[0].copy() for t in ids])
     assert np.array_equal(full.view(np.uint32), steps.view(np.uint32))
     with pytest.raises(InvalidArgumentError):
         m.logits([])

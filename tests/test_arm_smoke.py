@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import build  # noqa: E402  (build.py: the symbol lists and the source hash)
-from gpt2asm import cpu_arm  # noqa: E402
+from gpt2asm import cpu  # noqa: E402
 
 arm_only = pytest.mark.skipif(not IS_ARM, reason="AArch64 only (make test-arm64 runs it under qemu)")
 
@@ -28,11 +28,11 @@ arm_only = pytest.mark.skipif(not IS_ARM, reason="AArch64 only (make test-arm64 
 # everywhere: decoding and the symbol lists
 
 def test_decode_hwcaps():
-    f = cpu_arm.decode_hwcaps(1 << 0 | 1 << 1 | 1 << 9 | 1 << 10, 1 << 23 | 1 << 37 | 1 << 42)
+    f = cpu.decode_hwcaps(1 << 0 | 1 << 1 | 1 << 9 | 1 << 10, 1 << 23 | 1 << 37 | 1 << 42)
     assert f["fp"] and f["asimd"] and f["fphp"] and f["asimdhp"]
     assert f["sme"] and f["sme2"] and f["sme_f16f16"]
     assert not f["sve"] and not f["sme_fa64"] and not f["sme2p1"]
-    assert set(cpu_arm.FEATURES) <= set(f)
+    assert set(cpu.FEATURES) <= set(f)
 
 
 @pytest.mark.parametrize("feats, want", [
@@ -46,14 +46,14 @@ def test_decode_hwcaps():
     ({"asimd": True, "sme": True, "sme2": True, "svl_bytes": 0}, ["neon"]),
 ])
 def test_families_from(feats, want):
-    assert cpu_arm.families_from(feats) == want
-    assert [f for f in want if f not in cpu_arm.ARM_FAMILIES] == []
+    assert cpu.families_from(feats) == want
+    assert [f for f in want if f not in cpu.ARM_FAMILIES] == []
 
 
 def test_notes_for_large_svl():
-    notes = cpu_arm.notes_from({"asimd": True, "sme2": True, "svl_bytes": 128})
+    notes = cpu.notes_from({"asimd": True, "sme2": True, "svl_bytes": 128})
     assert len(notes) == 1 and "1024 bits" in notes[0] and "NEON" in notes[0]
-    assert cpu_arm.notes_from({"asimd": True, "sme2": True, "svl_bytes": 64}) == []
+    assert cpu.notes_from({"asimd": True, "sme2": True, "svl_bytes": 64}) == []
 
 
 def test_symbol_lists():
@@ -70,11 +70,11 @@ def test_symbol_lists():
     assert build.kernel_symbol("attention_f16", "sme2") == "gpt2asm_attention_f16_neon"
     from gpt2asm.kernels import SHARED_OPS
     assert SHARED_OPS == build.SHARED_OPS
-    # the -s order is the same in build.py, gpt2asm/kernels.py and gpt2asm/cpu_arm.py
-    from gpt2asm.kernels import FAMILIES
+    # the -s order is the same in build.py, gpt2asm/kernels.py and gpt2asm/cpu.py
+    from gpt2asm.cpu import FAMILIES
     for arch, fams in build.FAMILY_OPS.items():
         assert list(fams) == FAMILIES[arch]
-    assert cpu_arm.ARM_FAMILIES == FAMILIES["aarch64"]
+    assert cpu.ARM_FAMILIES == FAMILIES["aarch64"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_symbol_lists():
 
 @arm_only
 def test_library_loads_and_is_aarch64():
-    from gpt2asm.kernels import LIB_NAME, PKG_DIR, load_library
+    from gpt2asm.lib import LIB_NAME, PKG_DIR, load_library
     lib = load_library()                       # raises LibraryError if missing or stale
     path = PKG_DIR / LIB_NAME
     head = path.read_bytes()[:64]
@@ -98,7 +98,7 @@ def test_library_loads_and_is_aarch64():
 def test_readbw_probe():
     """gpt2asm_readbw_f32_neon (make bench's bandwidth baseline): reads exactly n floats, sums them."""
     import numpy as np
-    from gpt2asm.kernels import load_library
+    from gpt2asm.lib import load_library
     from gpt2asm.weights import aligned_empty
     fn = load_library().gpt2asm_readbw_f32_neon
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
@@ -112,7 +112,7 @@ def test_readbw_probe():
 @arm_only
 def test_fmapeak_probe():
     """gpt2asm_fmapeak_f32_neon (make bench's FMA-peak baseline): n rounds of fma(1, 1, acc) from +0."""
-    from gpt2asm.kernels import load_library
+    from gpt2asm.lib import load_library
     fn = load_library().gpt2asm_fmapeak_f32_neon
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_float
     for n in (0, 1, 7, 1000, 1 << 24):
@@ -121,7 +121,7 @@ def test_fmapeak_probe():
 
 @arm_only
 def test_build_id_matches_sources():
-    from gpt2asm.kernels import load_library
+    from gpt2asm.lib import load_library
     lib = load_library()
     lib.gpt2asm_build_id.restype = ctypes.c_char_p
     got = lib.gpt2asm_build_id().decode()
@@ -134,7 +134,7 @@ def test_build_id_matches_sources():
 
 @arm_only
 def test_probing():
-    f = cpu_arm.arm_features(refresh=True)
+    f = cpu.arm_features(refresh=True)
     assert f["asimd"] and f["fp"]
     assert f["os"] in ("linux", "darwin")
     if f["os"] == "linux":
@@ -155,8 +155,8 @@ def test_probing():
 
 @arm_only
 def test_families():
-    f = cpu_arm.arm_features()
-    fams = cpu_arm.arm_families()
+    f = cpu.arm_features()
+    fams = cpu.arm_families()
     assert fams[0] == "neon"
     assert ("sme2" in fams) == (f["sme2"] and f["svl_bytes"] in (16, 32, 64))
     svl = qemu_svl_bits()
@@ -166,10 +166,10 @@ def test_families():
 
 @arm_only
 def test_rdsvl():
-    f = cpu_arm.arm_features()
+    f = cpu.arm_features()
     if not f["sme"]:
         pytest.skip("no SME: gpt2asm_rdsvl would be an illegal instruction")
-    svl = cpu_arm.read_svl()
+    svl = cpu.read_svl()
     assert svl in (16, 32, 64, 128, 256) and svl == f["svl_bytes"]
     want = qemu_svl_bits()
     if want is not None:
@@ -182,8 +182,8 @@ def test_rdsvl():
 @arm_only
 def test_subprocess_same_cpu():
     """sys.executable starts the same (emulated) CPU: what CLI tests rely on."""
-    code = "from gpt2asm import cpu_arm; f = cpu_arm.arm_features(); print(f['hwcap2'], f['svl_bytes'])"
+    code = "from gpt2asm import cpu; f = cpu.arm_features(); print(f['hwcap2'], f['svl_bytes'])"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    f = cpu_arm.arm_features()
+    f = cpu.arm_features()
     assert out.stdout.split() == [str(f["hwcap2"]), str(f["svl_bytes"])]

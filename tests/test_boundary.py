@@ -5,7 +5,10 @@ import numpy as np
 import pytest
 
 from gpt2asm import InvalidArgumentError, KernelUnavailableError
-from gpt2asm.kernels import FAMILIES, ARCH, Kernels, available_families, choose_family, split
+from gpt2asm.cpu import FAMILIES, available_families, choose_family
+from gpt2asm.kernels import Kernels
+from gpt2asm.lib import ARCH
+from gpt2asm.pool import split
 from gpt2asm.weights import aligned_zeros, tile_matrix
 
 

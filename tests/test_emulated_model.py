@@ -12,7 +12,7 @@ calls the AVX-512 kernels from inside the emulated library.  The full-prefix for
 jobs layer by layer.
 
 When the logits differ, the failure message names the first kernel calls whose AVX-512 result differs
-from AVX2 on the same inputs (`DifferentialKernels` on the per-call path `Transformer.step_reference`:
+from AVX2 on the same inputs (`DifferentialKernels` on the per-call path `oracle.step_reference`:
 every call runs both ways, and the model goes on with the AVX2 result so that each call is compared on
 identical inputs).
 """
@@ -32,10 +32,14 @@ from avx512emu import Avx512Emulator
 if not avx512emu.available():
     pytest.skip(avx512emu.why_unavailable(), allow_module_level=True)
 
-from gpt2asm.kernels import LIB_NAME, PKG_DIR, Kernels, available_families, load_library  # noqa: E402
+from gpt2asm.cpu import available_families  # noqa: E402
+from gpt2asm.kernels import Kernels  # noqa: E402
+from gpt2asm.lib import LIB_NAME, PKG_DIR, load_library  # noqa: E402
 from gpt2asm.model import Transformer  # noqa: E402
 from gpt2asm.tokenizer import Tokenizer  # noqa: E402
 from gpt2asm.weights import load_weights  # noqa: E402
+
+import oracle  # noqa: E402
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 N_PROMPT = 6           # prompt tokens fed one by one (cached steps) ...
@@ -168,7 +172,7 @@ def first_kernel_mismatches(emulator, weights, ids: list[int], limit: int = 6) -
     model = Transformer(weights, k)
     st = model.new_state()
     for t in ids:
-        model.step_reference(st, t)                   # the per-call path: every kernel call compared
+        oracle.step_reference(model, st, t)          # the per-call path: every kernel call compared
     k.native.close()
     if not k.mismatches:
         return f"no single kernel call differs ({k.calls} calls compared)"
@@ -191,10 +195,10 @@ def cached_steps(model: Transformer, prompt: list[int], steps: int) -> tuple[lis
     st = model.new_state()
     ids, out = list(prompt), []
     for t in prompt:
-        out.append(model.step(st, t).copy())
+        out.append(model.step(st, t)[0].copy())
     for _ in range(steps):
         ids.append(int(np.argmax(out[-1])))
-        out.append(model.step(st, ids[-1]).copy())
+        out.append(model.step(st, ids[-1])[0].copy())
     return ids, np.stack(out)
 
 

@@ -412,7 +412,8 @@ def test_matvec_q8_sme2_falls_back_to_neon():
     assert "gpt2asm_matvec_q8_neon" not in build.bound_symbols("aarch64")      # exported, checked apart
     if not IS_ARM:
         return
-    from gpt2asm.kernels import Kernels, available_families
+    from gpt2asm.cpu import available_families
+    from gpt2asm.kernels import Kernels
     if "sme2" not in available_families():
         pytest.skip("no SME2 kernel family on this CPU")
     k = Kernels("sme2")
@@ -632,7 +633,8 @@ def test_matmul_symbols_of_each_arm_family():
             assert f"matmul_{d}" in build.EXTRA_OPS["aarch64"][fam]
     if not IS_ARM:
         return
-    from gpt2asm.kernels import Kernels, available_families
+    from gpt2asm.cpu import available_families
+    from gpt2asm.kernels import Kernels
     for fam in available_families():
         k = Kernels(fam)
         try:
@@ -906,7 +908,8 @@ def test_argmax_sme2_falls_back_to_neon():
     assert "gpt2asm_argmax_f32_neon" in build.bound_symbols("aarch64", "neon")
     if not IS_ARM:
         return
-    from gpt2asm.kernels import Kernels, available_families
+    from gpt2asm.cpu import available_families
+    from gpt2asm.kernels import Kernels
     for fam in available_families():
         k = Kernels(fam)
         try:

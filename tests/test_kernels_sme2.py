@@ -71,7 +71,7 @@ def _load() -> ctypes.CDLL:
         if os.environ.get("GPT2ASM_TEST_LIB"):
             lib = ctypes.CDLL(os.environ["GPT2ASM_TEST_LIB"])
         else:
-            from gpt2asm.kernels import load_library
+            from gpt2asm.lib import load_library
             lib = load_library()
         for dtype in DTYPES:
             for isa in (ISA, "neon"):
@@ -84,8 +84,8 @@ def _load() -> ctypes.CDLL:
 
 
 def _features(lib) -> dict:
-    from gpt2asm import cpu_arm
-    return cpu_arm.arm_features(lib)
+    from gpt2asm import cpu
+    return cpu.arm_features(lib)
 
 
 def _child_calls(lib, jobs) -> tuple[bool, str]:
@@ -152,8 +152,8 @@ def test_cpu_configuration(lib):
         assert f["svl_bytes"] * 8 == svl, (qemu_cpu(), f["svl_bytes"])
     if "sme_fa64=off" in (qemu_cpu() or ""):
         assert not f["sme_fa64"], "FA64 reported although the emulated CPU has it off"
-    from gpt2asm import cpu_arm
-    assert "sme2" in cpu_arm.families_from(f)
+    from gpt2asm import cpu
+    assert "sme2" in cpu.families_from(f)
 
 
 # --------------------------------------------------------------------------------------------------

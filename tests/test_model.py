@@ -26,12 +26,12 @@ def fingerprint(model: GPT2, prompts=PROMPTS, steps=STEPS) -> tuple[str, list[li
     for p in prompts:
         st = model.model.new_state()
         for t in model.encode(p):
-            logits = model.model.step(st, t)
+            logits = model.model.step(st, t)[0]
             h.update(logits.tobytes())
         out = []
         for _ in range(steps):
             out.append(int(np.argmax(logits)))
-            logits = model.model.step(st, out[-1])
+            logits = model.model.step(st, out[-1])[0]
             h.update(logits.tobytes())
         outs.append(out)
     return h.hexdigest(), outs
@@ -66,10 +66,10 @@ def test_cached_steps_equal_full_prefix_recompute(ckpt_124m, families):
         st = m.model.new_state()
         steps = []
         for t in ids:
-            steps.append(m.model.step(st, t).copy())
+            steps.append(m.model.step(st, t)[0].copy())
         for _ in range(12):                               # extend greedily, then recompute it all
             ids.append(int(np.argmax(steps[-1])))
-            steps.append(m.model.step(st, ids[-1]).copy())
+            steps.append(m.model.step(st, ids[-1])[0].copy())
         full = m.logits(ids)
         m.close()
         assert full.shape == (len(ids), m.config.vocab_size)

@@ -32,10 +32,10 @@ def greedy_parity(ours: GPT2, ref, prompt: str, steps: int) -> None:
     ids = ours.encode(prompt)
     n0 = len(ids)
     st = ours.model.new_state()
-    got = [ours.model.step(st, t).copy() for t in ids]
+    got = [ours.model.step(st, t)[0].copy() for t in ids]
     for _ in range(steps):
         ids.append(int(np.argmax(got[-1])))
-        got.append(ours.model.step(st, ids[-1]).copy())
+        got.append(ours.model.step(st, ids[-1])[0].copy())
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()
     err = np.abs(np.stack(got) - want).max(axis=1)

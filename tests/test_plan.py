@@ -16,16 +16,21 @@ import gc
 import hashlib
 import threading
 import time
+from functools import partial
 
 import numpy as np
 import pytest
 
 from gpt2asm import GPT2, InvalidArgumentError
-from gpt2asm.kernels import ARCH, FAMILIES, Kernels
+from gpt2asm.cpu import FAMILIES
+from gpt2asm.kernels import Kernels
+from gpt2asm.lib import ARCH
 from gpt2asm.model import Transformer
 from gpt2asm.quant import quantize_q8, quantize_q8_head
 from gpt2asm.tokenizer import Tokenizer
 from gpt2asm.weights import aligned_zeros, load_weights, pad_vector, tile_matrix
+
+import oracle
 
 PROMPT = "Alan Turing theorized that computers would one day become"
 
@@ -37,10 +42,10 @@ def bits(a: np.ndarray) -> np.ndarray:
 def steps(model: Transformer, ids: list[int], greedy: int = 4, reference: bool = False) -> np.ndarray:
     """Logits of every prompt token, then of `greedy` greedy steps (cached steps)."""
     st = model.new_state()
-    step = model.step_reference if reference else model.step
-    out = [step(st, t).copy() for t in ids]
+    step = partial(oracle.step_reference, model) if reference else model.step
+    out = [step(st, t)[0].copy() for t in ids]
     for _ in range(greedy):
-        out.append(step(st, int(np.argmax(out[-1]))).copy())
+        out.append(step(st, int(np.argmax(out[-1])))[0].copy())
     return np.stack(out)
 
 
@@ -88,7 +93,7 @@ def emulator():
     import avx512emu
     if not avx512emu.available():
         pytest.skip(avx512emu.why_unavailable())
-    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+    from gpt2asm.lib import LIB_NAME, PKG_DIR
     return avx512emu.Avx512Emulator(PKG_DIR / LIB_NAME, timeout=300.0)
 
 
@@ -96,14 +101,18 @@ def worker_threads() -> int:
     return sum(t.name.startswith("gpt2asm-worker") and t.is_alive() for t in threading.enumerate())
 
 
-@pytest.fixture(scope="module", params=["f32", "f16"])
-def tiny(request, ckpt_tiny):
-    w = load_weights(ckpt_tiny, request.param)
-    ids = Tokenizer.from_dir(ckpt_tiny).encode(PROMPT)[:8]
-    k = Kernels(FAMILIES[ARCH][0])                       # the baseline family: avx2, neon
-    ref = steps(Transformer(w, k), ids, reference=True)
+def reference_case(w, ckpt, n: int, greedy: int = 4):
+    """(w, the first n ids of PROMPT, steps() of the per-call reference on the baseline family)."""
+    ids = Tokenizer.from_dir(ckpt).encode(PROMPT)[:n]
+    k = Kernels(FAMILIES[ARCH][0])                    # the baseline family: avx2, neon
+    ref = steps(Transformer(w, k), ids, greedy=greedy, reference=True)
     k.close()
     return w, ids, ref
+
+
+@pytest.fixture(scope="module", params=["f32", "f16"])
+def tiny(request, ckpt_tiny):
+    return reference_case(load_weights(ckpt_tiny, request.param), ckpt_tiny, 8)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
@@ -149,7 +158,7 @@ def test_workers_park_when_idle_and_close_joins_them(ckpt_tiny):
     cpu0 = time.process_time()                       # parked workers use no CPU
     time.sleep(0.3)
     assert time.process_time() - cpu0 < 0.1
-    logits = m.model.step(st, 1).copy()              # wakes them
+    logits = m.model.step(st, 1)[0].copy()           # wakes them
     t0 = time.monotonic()
     m.close()                                        # closed while idle
     assert time.monotonic() - t0 < 2
@@ -158,7 +167,7 @@ def test_workers_park_when_idle_and_close_joins_them(ckpt_tiny):
     st2 = m.model.new_state()                        # still usable, single-threaded
     for t in m.encode(PROMPT)[:3]:
         m.model.step(st2, t)
-    assert np.array_equal(bits(m.model.step(st2, 1)), bits(logits))
+    assert np.array_equal(bits(m.model.step(st2, 1)[0]), bits(logits))
 
 
 def test_many_start_stop_cycles(families):
@@ -317,10 +326,10 @@ def test_fingerprint_identical_across_threads_124m(ckpt_124m):
         st, h = m.model.new_state(), hashlib.sha256()
         logits = None
         for t in m.encode(PROMPT)[:3]:
-            logits = m.model.step(st, t)
+            logits = m.model.step(st, t)[0]
             h.update(logits.tobytes())
         for _ in range(3):
-            logits = m.model.step(st, int(np.argmax(logits)))
+            logits = m.model.step(st, int(np.argmax(logits)))[0]
             h.update(logits.tobytes())
         m.close()
         fps.add(h.hexdigest())
@@ -333,7 +342,7 @@ def test_checked_kernels_through_the_emulated_avx512_plan(families):
     import avx512emu
     if not avx512emu.available():
         pytest.skip(avx512emu.why_unavailable())
-    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+    from gpt2asm.lib import LIB_NAME, PKG_DIR
 
     rng = np.random.default_rng(2)
     w16 = tile_matrix(rng.standard_normal((77, 64 * 5 + 3)).astype(np.float32), np.float16)
@@ -429,7 +438,7 @@ def test_argmax_epilogue_on_the_emulated_avx512_plan(families):
     import avx512emu
     if not avx512emu.available():
         pytest.skip(avx512emu.why_unavailable())
-    from gpt2asm.kernels import LIB_NAME, PKG_DIR
+    from gpt2asm.lib import LIB_NAME, PKG_DIR
     rng = np.random.default_rng(9)
     cases = list(_argmax_cases(rng))[:5]
     with avx512emu.Avx512Emulator(PKG_DIR / LIB_NAME, timeout=120.0) as emu:
@@ -472,21 +481,21 @@ def test_argmax_epilogue_validation(families):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_model_steps_carry_the_first_maximum(tiny, families, threads):
-    """After every plan step and prefill the state's plan gives the argmax of the logits it returned
-    (what greedy decoding samples), and generate() takes it: the same tokens as numpy's argmax."""
+    """Every plan step and prefill returns the argmax of the logits it returned (what greedy decoding
+    samples), and generate() takes it: the same tokens as numpy's argmax."""
     w, ids, _ = tiny
     for fam in families:
         k = Kernels(fam, threads)
         model = Transformer(w, k)
         s = model.new_state()
-        logits = model.prefill(s, ids)
+        logits, first_max = model.prefill(s, ids)
         toks = []
         for _ in range(6):
-            assert s.greedy.first_max() == int(np.argmax(logits))
+            assert first_max == int(np.argmax(logits))
             toks.append(int(np.argmax(logits)))
-            logits = model.step(s, toks[-1])
-        model.step_reference(s, toks[-1])
-        assert s.greedy is None                                          # the reference path: none
+            logits, first_max = model.step(s, toks[-1])
+        logits, first_max = oracle.step_reference(model, s, toks[-1])
+        assert first_max == int(np.argmax(logits))                      # the reference: numpy's
         k.close()
 
 
@@ -550,12 +559,7 @@ def test_binary16_cache_rows_round_as_numpy(families):
 
 @pytest.fixture(scope="module")
 def tiny_q8(ckpt_tiny):
-    w = q8_weights(load_weights(ckpt_tiny, "f32"))
-    ids = Tokenizer.from_dir(ckpt_tiny).encode(PROMPT)[:6]
-    k = Kernels(FAMILIES[ARCH][0])                       # the baseline family: avx2, neon
-    ref = steps(Transformer(w, k), ids, greedy=3, reference=True)      # the per-call path (matvec_q8)
-    k.close()
-    return w, ids, ref
+    return reference_case(q8_weights(load_weights(ckpt_tiny, "f32")), ckpt_tiny, 6, greedy=3)  # matvec_q8
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
@@ -646,13 +650,13 @@ def test_q8_model_on_the_emulated_avx512_plan(tiny_q8, families):
         model = Transformer(w, EmulatedAvx512(emu))
         st = model.new_state()
         for i, t in enumerate(ids[:2]):
-            assert np.array_equal(bits(model.step(st, t)), bits(ref[i])), f"emulated q8 step {i}"
+            assert np.array_equal(bits(model.step(st, t)[0]), bits(ref[i])), f"emulated q8 step {i}"
 
 
 def test_python_pool_waits_for_its_workers_when_the_caller_fails():
     """The Python pool (families without a plan executor): an exception (or Ctrl-C) in the caller's part
     of a job still waits for the workers' parts, so no stale completion is left for the next job."""
-    from gpt2asm.kernels import Pool
+    from gpt2asm.pool import Pool
     done = []
 
     def part(i, fail):

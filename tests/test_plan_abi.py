@@ -1,5 +1,5 @@
 """The plan ABI has one source, asm/plan_abi.h: the library (both executors include it), the Python
-mirror (gpt2asm/plan_abi.py parses it), the plan encoder (gpt2asm/kernels.py) and docs/kernels.md's tables
+mirror (gpt2asm/plan_abi.py parses it), the plan encoder (gpt2asm/plan.py) and docs/kernels.md's tables
 must all say what it says.
 
 - the library's table gpt2asm_plan_abi ({size, value} per index line of the header, built from the same
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2asm import kernels, plan_abi as abi
+from gpt2asm import kernels, plan as encoder, plan_abi as abi
 from gpt2asm.kernels import load_library
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,17 +65,17 @@ def test_mirror_is_the_header():
 
 
 def test_encoder_uses_the_mirror():
-    """gpt2asm/kernels.py (the plan encoder) writes what the header says."""
-    assert kernels._J == {k: f.offset // 8 for k, f in abi.JOB.items()
+    """gpt2asm/plan.py (the plan encoder) writes what the header says."""
+    assert encoder._J == {k: f.offset // 8 for k, f in abi.JOB.items()
                           if f.size == 8 and f.offset < abi.J_COUNTERS}
-    assert kernels._H == {k: f.offset // 8 for k, f in abi.HEADER.items()}
-    assert (kernels.POOL_BYTES, kernels.PLAN_HEADER, kernels.JOB_BYTES) == (abi.POOL_SIZE, abi.PL_HEADER,
+    assert encoder._H == {k: f.offset // 8 for k, f in abi.HEADER.items()}
+    assert (encoder.POOL_BYTES, encoder.PLAN_HEADER, encoder.JOB_BYTES) == (abi.POOL_SIZE, abi.PL_HEADER,
                                                                             abi.J_SIZE)
     for name in ("KIND_MATVEC", "KIND_QKV", "KIND_ATTN", "KIND_MATMUL", "KIND_ROWLN", "KIND_ROWATTN",
                  "PRO_LN", "PRO_EMBED", "FL_F16", "FL_Q8", "EPI_GELU", "EPI_RESID", "EPI_ARGMAX", "FL_ROWS",
                  "FL_KV", "FL_KV16", "ROWATTN_ROWS", "CTX_SEQ", "CTX_SEQ_SLEEPERS", "CTX_NTHREADS",
                  "CTX_SPIN", "CTX_YIELD", "CTX_PARKS"):
-        assert getattr(kernels, name) == getattr(abi, name), name
+        assert getattr(encoder, name) == getattr(abi, name), name
     assert sorted(abi.KINDS.values()) == list(range(abi.KIND_COUNT))
     # a flag's mask is its bit
     for b, mask in (("B_PRO_LN", "PRO_LN"), ("B_PRO_EMBED", "PRO_EMBED"), ("B_F16", "FL_F16"),

@@ -10,7 +10,7 @@ cached steps at every position.
 
 The Arm families (neon, sme2) run the same row plans (asm/aarch64/plan_aarch64.S): the same tests run on
 them (make test-arm64 / tools/arm64/run_tests.py, with shorter prompts under qemu).  The per-call path of
-a family without a plan executor, Transformer.prefill_reference (kernel calls from Python, the matmul
+a family without a plan executor, tests/oracle.py's prefill_reference (kernel calls from Python, the matmul
 kernels over the rows), is checked with every family forced onto it (test_prefill_reference_*).
 """
 from __future__ import annotations
@@ -20,11 +20,13 @@ import pytest
 
 from arm64_qemu import IS_ARM, qemu_config
 from gpt2asm import ContextOverflowError, InvalidArgumentError
-from gpt2asm.kernels import Kernels, Pool
+from gpt2asm.kernels import Kernels
+from gpt2asm.pool import Pool
 from gpt2asm.model import PREFILL_ROWS, Transformer
 from gpt2asm.quant import quantize_q8
 from gpt2asm.weights import load_weights, pad_vector, tile_matrix
 
+import oracle
 from test_plan import EmulatedAvx512, bits, emulator, q8_weights
 
 EMULATED = IS_ARM and qemu_config() is not None          # numpy and the kernels run under qemu: slow
@@ -38,7 +40,7 @@ def prompt(n: int, seed: int = 0, vocab: int = 50257) -> list[int]:
 def cached_steps(model: Transformer, ids: list[int], st=None):
     """(logits after each token, state) of one step() per token."""
     st = model.new_state() if st is None else st
-    return np.stack([model.step(st, t).copy() for t in ids]), st
+    return np.stack([model.step(st, t)[0].copy() for t in ids]), st
 
 
 def reference_steps(w, family: str, ids: list[int]):
@@ -75,7 +77,7 @@ def test_prefill_equals_cached_steps(tiny, families, threads):
         for n in LENGTHS:
             want, want_st = ref[n]
             st = model.new_state()
-            got = model.prefill(st, prompt(n, seed=n))
+            got = model.prefill(st, prompt(n, seed=n))[0]
             assert st.n == n
             assert np.array_equal(bits(got), bits(want[-1])), f"{dtype} {fam} -j {threads} T={n}: logits"
             assert same_cache(st, want_st, n), f"{dtype} {fam} -j {threads} T={n}: KV cache"
@@ -116,10 +118,10 @@ def test_prefill_after_steps_then_steps(ckpt_tiny, families, dtype):
         model = Transformer(w, k)
         st = model.new_state()
         model.prefill(st, head)
-        got = model.prefill(st, body)
+        got = model.prefill(st, body)[0]
         assert st.n == len(head + body)
         assert np.array_equal(bits(got), bits(want[len(head + body) - 1]))
-        after = np.stack([model.step(st, t).copy() for t in tail])
+        after = np.stack([model.step(st, t)[0].copy() for t in tail])
         assert np.array_equal(bits(after), bits(want[-len(tail):])), f"{dtype} -j {threads}: steps after prefill"
         assert same_cache(st, want_st, len(want))
         k.close()
@@ -143,9 +145,9 @@ def test_prefill_of_a_one_layer_model(tokenizer_dir, families, dtype):
             k = Kernels(fam, threads)
             model = Transformer(w, k)
             st = model.new_state()
-            got = model.prefill(st, ids[:-2])
+            got = model.prefill(st, ids[:-2])[0]
             assert np.array_equal(bits(got), bits(want[-3])), f"{dtype} {fam} -j {threads}: logits"
-            after = np.stack([model.step(st, t).copy() for t in ids[-2:]])
+            after = np.stack([model.step(st, t)[0].copy() for t in ids[-2:]])
             assert np.array_equal(bits(after), bits(want[-2:])), f"{dtype} {fam} -j {threads}: steps after"
             assert same_cache(st, want_st, len(ids)), f"{dtype} {fam} -j {threads}: KV cache"
             k.close()
@@ -160,7 +162,7 @@ def test_prefill_to_the_end_of_the_context(ckpt_tiny, families):
     a, b = model.new_state(), model.new_state()
     a.n = b.n = n_ctx - 3
     want, _ = cached_steps(model, ids, a)
-    assert np.array_equal(bits(model.prefill(b, ids)), bits(want[-1]))
+    assert np.array_equal(bits(model.prefill(b, ids)[0]), bits(want[-1]))
     assert b.n == n_ctx and same_cache(a, b, n_ctx)
     with pytest.raises(ContextOverflowError):
         model.prefill(b, ids[:1])
@@ -177,7 +179,7 @@ def test_prefill_124m(ckpt_124m, families):
         for threads in (1, 2):
             k = Kernels(fam, threads)
             st = Transformer(w, k).new_state()
-            got = Transformer(w, k).prefill(st, ids)
+            got = Transformer(w, k).prefill(st, ids)[0]
             k.close()
             assert np.array_equal(bits(got), bits(want[-1])), f"{fam} -j {threads}"
             assert same_cache(st, want_st, len(ids)), f"{fam} -j {threads}: KV cache"
@@ -192,7 +194,7 @@ def test_prefill_without_matmul_falls_back_to_steps(ckpt_tiny, families):
     want, want_st = cached_steps(model, ids)
     k.has_matmul = False
     st = model.new_state()
-    assert np.array_equal(bits(model.prefill(st, ids)), bits(want[-1]))
+    assert np.array_equal(bits(model.prefill(st, ids)[0]), bits(want[-1]))
     assert st.prefill_plan is None and same_cache(st, want_st, 6)
     k.close()
 
@@ -211,7 +213,7 @@ def per_call_kernels(fam: str, threads: int) -> Kernels:
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
 def test_prefill_reference_equals_cached_steps(ckpt_tiny, families, dtype):
-    """The per-call prefill (Transformer.prefill_reference: LayerNorm / attention / GELU kernel calls per
+    """The per-call prefill (oracle.prefill_reference: LayerNorm / attention / GELU kernel calls per
     row, the matmul kernels over the rows with the tiles split over Kernels.run, numpy adds and cache
     copies) on every family at -j 1 and 2, after a first prefill (pos > 0): the logits and KV cache of
     cached steps, and step() continues identically.  Natively on x86 too (per_call_kernels)."""
@@ -224,12 +226,12 @@ def test_prefill_reference_equals_cached_steps(ckpt_tiny, families, dtype):
             k = per_call_kernels(fam, threads)
             model = Transformer(w, k)
             st = model.new_state()
-            model.prefill(st, head)
-            got = model.prefill(st, body)
+            oracle.prefill_reference(model, st, head)
+            got = oracle.prefill_reference(model, st, body)[0]
             assert st.n == n and st.prefill_plan is None and st.rows is not None    # the batched per-call path
             assert np.array_equal(bits(got), bits(want[n - 1])), f"{dtype} {fam} -j {threads}: logits"
             assert same_cache(st, want_st, n), f"{dtype} {fam} -j {threads}: KV cache"
-            after = np.stack([model.step(st, t).copy() for t in tail])
+            after = np.stack([oracle.step_reference(model, st, t)[0].copy() for t in tail])
             assert np.array_equal(bits(after), bits(want[n:])), f"{dtype} {fam} -j {threads}: steps after"
             assert same_cache(st, want_st, len(want))
             k.close()
@@ -337,6 +339,6 @@ def test_prefill_on_the_emulated_avx512_plan(ckpt_tiny):
             model = Transformer(w, EmulatedAvx512(emu))
             st = model.new_state()
             model.prefill(st, ids[:2])
-            got = model.prefill(st, ids[2:])
+            got = model.prefill(st, ids[2:])[0]
             assert np.array_equal(bits(got), bits(want[-1])), f"{w.dtype}: emulated prefill logits"
             assert same_cache(st, want_st, len(ids)), f"{w.dtype}: emulated prefill cache"

@@ -33,7 +33,7 @@ def warm(ckpt, cdir, dtype):
 
 def run(model, ids):
     s = model.new_state()
-    return np.stack([model.step(s, t).copy() for t in ids]), s
+    return np.stack([model.step(s, t)[0].copy() for t in ids]), s
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
@@ -48,19 +48,19 @@ def test_adopted_copies_give_the_same_logits(ckpt_tiny, tmp_path, dtype, threads
         assert all(is_mapped(a) for a in mats(w))
         m = Transformer(w, k)
         s = m.new_state()
-        out = [m.step(s, ids[0]).copy()]                    # a plan over the mapped arrays
+        out = [m.step(s, ids[0])[0].copy()]                 # a plan over the mapped arrays
         old_plan = s.plan
         m.start_resident()
         assert m.resident.reason == "" and m.resident.nbytes > 0
         m.resident.wait(60)
-        out += [m.step(s, t).copy() for t in ids[1:]]       # adopted at the next step
+        out += [m.step(s, t)[0].copy() for t in ids[1:]]       # adopted at the next step
         assert m.resident.adopted and not any(is_mapped(a) for a in mats(w))
         assert is_packed(slots(w))
         assert s.plan is not old_plan                       # rebuilt over the copies
         assert np.array_equal(np.stack(out).view(np.uint32), ref.view(np.uint32))
         for a in mats(w):
             assert a.ctypes.data % 64 == 0 and not a.flags.writeable
-        pre = m.prefill(m.new_state(), ids)                 # and the batched prefill over the copies
+        pre = m.prefill(m.new_state(), ids)[0]              # and the batched prefill over the copies
         assert np.array_equal(pre.view(np.uint32), ref[-1].view(np.uint32))
     finally:
         k.close()

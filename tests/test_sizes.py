@@ -39,10 +39,10 @@ def test_size_matches_transformers(name, tokenizer_dir):
     assert (c.n_layer, c.n_embd, c.n_head) == dims and (c.n_ctx, c.vocab_size) == (1024, 50257)
     ids = m.encode(PROMPT)
     st = m.model.new_state()
-    got = [m.model.step(st, t).copy() for t in ids]
+    got = [m.model.step(st, t)[0].copy() for t in ids]
     for _ in range(4):                                        # and a few greedy steps past the prompt
         ids.append(int(np.argmax(got[-1])))
-        got.append(m.model.step(st, ids[-1]).copy())
+        got.append(m.model.step(st, ids[-1])[0].copy())
     got = np.stack(got)
     full = m.logits(ids)                                      # the full-prefix path gives the same bits
     assert np.array_equal(full.view(np.uint32), got.view(np.uint32))

@@ -77,7 +77,7 @@ def _read_setup(nbytes: int):
 
     import numpy as np
 
-    from gpt2asm.kernels import ARCH, load_library
+    from gpt2asm.lib import ARCH, load_library
     from gpt2asm.weights import aligned_empty
     fn = getattr(load_library(), READBW[ARCH])
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
@@ -129,7 +129,7 @@ def w_fmapeak(threads: int, seconds: float = 0.3, reps: int = 3) -> dict:
     """GFLOP/s of fp32 FMAs on `threads` threads at once (our FMA probe, register operands only)."""
     import ctypes
 
-    from gpt2asm.kernels import ARCH, load_library
+    from gpt2asm.lib import ARCH, load_library
     name, flop = FMAPEAK[ARCH]
     fn = getattr(load_library(), name)
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_float
@@ -260,9 +260,9 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         st = m.model.new_state()
         t0 = time.perf_counter()
         for t in pids:
-            logits = m.model.step(st, t)
+            logits = m.model.step(st, t)[0]
         out["steps_ttft_s"] = time.perf_counter() - t0
-        pre = m.model.prefill(m.model.new_state(), pids)
+        pre = m.model.prefill(m.model.new_state(), pids)[0]
         out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
     m.close()
     return out
@@ -443,7 +443,7 @@ def main(argv=None) -> int:
     if not a.model:
         ap.error("--model DIR is required")
 
-    from gpt2asm.kernels import available_families
+    from gpt2asm.cpu import available_families
     d = Path(a.model).resolve()
     tokens = [int(t) for t in (a.tokens or ("200" if a.quick else "200,800")).split(",")]
     prompt_len = a.prompt if a.prompt is not None else (128 if a.quick else 512)

@@ -510,7 +510,7 @@ class Runner:
         V = tf.cfg.vocab_size
         st = tf.new_state()
         for tok in (0, min(5, V - 1)):
-            logits = tf.step(st, tok)
+            logits = tf.step(st, tok)[0]
             if logits.shape != (V,):
                 raise AssertionError(f"logits shape {logits.shape}, expected ({V},)")
         m = GPT2(tf, Tokenizer.from_dir(d), d)

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
-from gpt2asm import cpu_arm  # noqa: E402
+from gpt2asm import cpu  # noqa: E402
 
 lib = ctypes.CDLL(sys.argv[1])
 lib.gpt2asm_build_id.restype = ctypes.c_char_p
-f = cpu_arm.arm_features(lib)
+f = cpu.arm_features(lib)
 print(f"machine={platform.machine()}")
 print(f"numpy={np.__version__} sum={float(np.arange(10, dtype=np.float32).sum())}")
 print(f"hwcap={f['hwcap']:#x}")
@@ -26,5 +26,5 @@ print(f"hwcap2={f['hwcap2']:#x}")
 for k in ("asimd", "asimdhp", "sme", "sme2", "sme_fa64", "sme_f16f16"):
     print(f"{k}={f[k]}")
 print(f"svl_bytes={f['svl_bytes']}")
-print(f"families={','.join(cpu_arm.families_from(f))}")
+print(f"families={','.join(cpu.families_from(f))}")
 print(f"build_id={lib.gpt2asm_build_id().decode()[:16]}")

@@ -1,23 +1,123 @@
-"""AArch64 CPU probing: which of gpt2asm's Arm kernel families (neon, sme2) this machine can run.
+"""CPU probing: which of gpt2asm's kernel families (-s) this machine can run, on x86-64 and AArch64.
 
-Linux reads the ELF auxiliary vector (getauxval(AT_HWCAP) and getauxval(AT_HWCAP2) from libc, through
-ctypes); macOS reads sysctlbyname("hw.optional.arm.FEAT_SME2") and friends.  The streaming vector length
-(SVL) comes from the assembly function gpt2asm_rdsvl (RDSVL), which is called only when the OS reports
-SME: on a CPU without it RDSVL is an illegal instruction.
+    available_families() -> list   the usable families of this machine, best last
+    choose_family(-s or None) -> str   -s / $GPT2ASM_ISA resolved; an unavailable choice is an error
+    cpu_features() -> dict         what the CPU/OS offers, as far as the families care
+
+x86-64: CPUID and XGETBV through the library's gpt2asm_cpuid / gpt2asm_xgetbv (avx2: AVX2, FMA, F16C and
+the OS saving YMM; avx512: AVX-512F and the OS saving ZMM).
+
+AArch64: Linux reads the ELF auxiliary vector (getauxval(AT_HWCAP) and getauxval(AT_HWCAP2) from libc,
+through ctypes); macOS reads sysctlbyname("hw.optional.arm.FEAT_SME2") and friends.  The streaming vector
+length (SVL) comes from the assembly function gpt2asm_rdsvl (RDSVL), which is called only when the OS
+reports SME: on a CPU without it RDSVL is an illegal instruction.
 
     arm_features() -> dict     what the CPU/OS offers (booleans) plus "svl_bytes" (0 without SME)
     arm_families() -> list     the usable families, best last: [], ["neon"] or ["neon", "sme2"]
     arm_notes()    -> list     why a family the CPU nearly supports is not used (e.g. an SVL above 512)
 
-Nothing here runs on x86-64 unless called: the module imports on any platform (the pure decoding
-functions are tested everywhere; the probes under qemu-aarch64, see tools/arm64/).
+The Arm decoding functions are pure (tested everywhere; the probes under qemu-aarch64, see
+tools/arm64/).  `python -m gpt2asm.cpu` prints what was found.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
+from ctypes import c_uint32, c_uint64
 
+from .errors import InvalidArgumentError, KernelUnavailableError
+from .lib import ARCH, bind, load_library
+
+# -s values per architecture: index and name, best last.
+FAMILIES = {"x86_64": ["avx2", "avx512"], "aarch64": ["neon", "sme2"]}
+
+
+# --------------------------------------------------------------------------------------------------
+# the families of this machine
+
+def available_families() -> list[str]:
+    """Kernel families this machine can run, best last."""
+    if ARCH == "aarch64":
+        return arm_families()       # neon, plus sme2 when SME2 with SVL 128..512 bits
+    if ARCH != "x86_64":
+        return []
+    f = cpu_features()
+    out = []
+    if f["avx"] and f["avx2"] and f["fma"] and f["f16c"] and f["os_ymm"]:
+        out.append("avx2")
+        if f["avx512f"] and f["os_zmm"]:
+            out.append("avx512")
+    return out
+
+
+def choose_family(requested: str | int | None = None) -> str:
+    """Resolve -s / $GPT2ASM_ISA to a family name; an unavailable choice is an error, not a fallback."""
+    names = FAMILIES.get(ARCH, [])
+    have = available_families()
+    if requested is None:
+        requested = os.environ.get("GPT2ASM_ISA") or None
+    if requested is None:
+        if not have:
+            raise KernelUnavailableError(
+                f"this CPU has none of gpt2asm's kernel families ({', '.join(names) or 'none for ' + ARCH}); "
+                "on x86-64 AVX2 with FMA and F16C is the minimum, on AArch64 Advanced SIMD")
+        return have[-1]
+    req = str(requested).strip().lower()
+    if req.isdigit():
+        if int(req) >= len(names):
+            raise InvalidArgumentError(f"-s {req}: choose 0..{len(names) - 1} ({', '.join(names)})")
+        req = names[int(req)]
+    if req not in names:
+        raise InvalidArgumentError(f"unknown kernel family {requested!r}: choose one of {', '.join(names)}")
+    if req not in have:
+        raise KernelUnavailableError(f"kernel family {req!r} is not supported by this CPU/OS "
+                                     f"(available: {', '.join(have) or 'none'})")
+    return req
+
+
+def cpu_features() -> dict[str, bool]:
+    """What the CPU and OS support, as far as gpt2asm's kernel families care."""
+    if ARCH == "aarch64":
+        return arm_features()
+    if ARCH != "x86_64":
+        return {}
+    return x86_features()
+
+
+# --------------------------------------------------------------------------------------------------
+# x86-64
+
+def cpuid(leaf: int, subleaf: int = 0) -> tuple[int, int, int, int]:
+    # void gpt2asm_cpuid(uint32_t leaf, uint32_t subleaf, uint32_t regs[4]);
+    fn = bind(load_library(), "gpt2asm_cpuid", [c_uint32, c_uint32, ctypes.POINTER(c_uint32)])
+    regs = (c_uint32 * 4)()
+    fn(leaf, subleaf, regs)
+    return tuple(regs)
+
+
+def xgetbv(xcr: int) -> int:
+    # uint64_t gpt2asm_xgetbv(uint32_t xcr);
+    return int(bind(load_library(), "gpt2asm_xgetbv", [c_uint32], c_uint64)(xcr))
+
+
+def x86_features() -> dict[str, bool]:
+    """CPUID leaves 1 and 7 and XCR0: the instruction sets and the register state the OS saves."""
+    max_leaf = cpuid(0)[0]
+    _, _, ecx1, _ = cpuid(1)
+    ebx7 = cpuid(7, 0)[1] if max_leaf >= 7 else 0
+    osxsave = bool(ecx1 >> 27 & 1)
+    xcr0 = xgetbv(0) if osxsave else 0
+    return {
+        "fma": bool(ecx1 >> 12 & 1), "osxsave": osxsave, "avx": bool(ecx1 >> 28 & 1),
+        "f16c": bool(ecx1 >> 29 & 1), "avx2": bool(ebx7 >> 5 & 1), "avx512f": bool(ebx7 >> 16 & 1),
+        "os_ymm": xcr0 & 0b110 == 0b110, "os_zmm": xcr0 & 0b11100110 == 0b11100110,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# AArch64
 AT_HWCAP = 16
 AT_HWCAP2 = 26
 
@@ -65,7 +165,7 @@ SYSCTL_NAMES = {
 }
 FEATURES = sorted(set(HWCAP_BITS) | set(HWCAP2_BITS) | set(SYSCTL_NAMES))
 
-ARM_FAMILIES = ["neon", "sme2"]            # the -s order on Arm: 0 = neon, 1 = sme2
+ARM_FAMILIES = FAMILIES["aarch64"]         # the -s order on Arm: 0 = neon, 1 = sme2
 SME2_SVL_BYTES = (16, 32, 64)              # SVL 128, 256, 512 bits: what the sme2 kernels handle
 
 
@@ -141,7 +241,6 @@ def _darwin_features() -> dict[str, bool]:
 def read_svl(lib=None) -> int:
     """Streaming vector length in bytes, from gpt2asm_rdsvl.  Only call it on a CPU with SME."""
     if lib is None:
-        from .kernels import load_library
         lib = load_library()
     fn = lib.gpt2asm_rdsvl
     fn.argtypes = []
@@ -193,10 +292,13 @@ def arm_notes(lib=None) -> list[str]:
     return notes_from(arm_features(lib))
 
 
-if __name__ == "__main__":                      # python -m gpt2asm.cpu_arm: print what was found
-    feats = arm_features()
-    print(" ".join(k for k in FEATURES if feats.get(k)))
-    print(f"svl_bytes={feats['svl_bytes']} hwcap={feats['hwcap']:#x} hwcap2={feats['hwcap2']:#x}")
-    print("families:", " ".join(arm_families()) or "none")
-    for note in arm_notes():
-        print("note:", note)
+if __name__ == "__main__":                      # python -m gpt2asm.cpu: print what was found
+    if ARCH == "aarch64":
+        feats = arm_features()
+        print(" ".join(k for k in FEATURES if feats.get(k)))
+        print(f"svl_bytes={feats['svl_bytes']} hwcap={feats['hwcap']:#x} hwcap2={feats['hwcap2']:#x}")
+        for note in arm_notes():
+            print("note:", note)
+    else:
+        print(" ".join(k for k, v in cpu_features().items() if v))
+    print("families:", " ".join(available_families()) or "none")

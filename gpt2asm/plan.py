@@ -1,0 +1,426 @@
+"""The plan encoder: the job records of gpt2asm_plan_run_<family> (docs/kernels.md, "Thread pool and plans").
+
+A Plan is a list of jobs for one Kernels object, laid out by build() as the records the library's
+executor runs in one call.  Every array a job points at is validated when the job is added and kept
+alive by the plan; the per-step token and position (set_step, step) and the per-run rows (set_rows) are
+checked against the limits the jobs imply.
+
+Job ranges are named, never counted: `with plan.span("layer"): ...` records the range of the jobs added
+inside it under that name (plan.spans["layer"][i] is a `range` of job indices), and callers run such
+ranges (plan.run(range)) -- so adding a job to a layer changes no index arithmetic anywhere.
+"""
+from __future__ import annotations
+
+import ctypes
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .args import integer, token_id
+from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
+from .validate import (HEAD_DIM, SIZE_MAX, TILE, addr, aligned_bytes, check, check_attention, check_cache,
+                       check_matrix, check_rows, is_int)
+
+if TYPE_CHECKING:
+    from .kernels import Kernels
+
+# --------------------------------------------------------------------------------------------------
+# the record layout shared with asm/x86_64/plan_x86.S and asm/aarch64/plan_aarch64.S
+
+# every offset, size, kind and flag comes from asm/plan_abi.h, through its Python mirror
+from . import plan_abi as _abi                                                      # noqa: E402
+from .plan_abi import (CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SPIN, CTX_YIELD,  # noqa: E402,F401
+                       EPI_ARGMAX, EPI_GELU, EPI_RESID, FL_F16, FL_KV, FL_KV16, FL_Q8, FL_ROWS, KIND_ATTN,
+                       KIND_MATMUL, KIND_MATVEC, KIND_QKV, KIND_ROWATTN, KIND_ROWLN, PRO_EMBED, PRO_LN,
+                       ROWATTN_ROWS)
+POOL_BYTES = _abi.POOL_SIZE
+PLAN_HEADER = _abi.PL_HEADER
+JOB_BYTES = _abi.J_SIZE
+ARGMAX_CHUNK = 16             # tiles per claim of an ARGMAX job: its outputs are scanned while in cache
+_J = _abi.JOB_U64             # u64 slots of a job record (byte offset / 8), by field
+_H = _abi.HEADER_U64          # u64 slots of the plan header
+# weight dtypes of the tiled matrices -> the job's dtype flag
+_WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16, np.dtype(np.int8): FL_Q8}
+
+
+def _claims(n_items: int, threads: int, family: str) -> tuple[int, int]:
+    """(chunk, guided shift) of a job: one claim of everything for one thread; otherwise guided claims of
+    max(chunk, remaining >> shift) items -- large contiguous claims first, single items (pairs of tiles
+    for AVX-512, whose matvec takes them two at a time) at the end, so that the threads finish a job
+    together.  (Measured on the 2-core CI machine: within noise of fixed claims of 1 or 2 items.)"""
+    if threads == 1:
+        return n_items, 0
+    small = 2 if family == "avx512" and n_items >= 8 * threads else 1
+    return small, (2 * threads - 1).bit_length()
+
+
+def _row_claims(threads: int) -> tuple[int, int]:
+    """(chunk, guided shift) of a row job, whose item count is known only per run: one claim of
+    everything for one thread, otherwise guided claims down to single items."""
+    return (1 << 32, 0) if threads == 1 else (1, (2 * threads - 1).bit_length())
+
+
+class Plan:
+    """A list of jobs for one Kernels object, run by Plan.run / Plan.step in one call into the library.
+
+    Every array a job points at is validated here (dtype, contiguity, size, alignment where required)
+    and kept alive by the plan; the per-step parameters (token, position) are checked by set_step.
+    Build: add jobs (matvec, qkv_attention, attention, the row jobs), grouped into named spans, then
+    build(); a built plan is immutable apart from set_step / set_rows.
+    """
+
+    def __init__(self, kernels: "Kernels"):
+        self.k = kernels
+        self.jobs: list[tuple[int, int, dict]] = []
+        self.keep: list[np.ndarray] = []
+        self.priv_h = self.priv_e = self.priv_s = self.priv_kv = 0    # floats per thread
+        self.embed: tuple | None = None                      # (wte, wpe, x)
+        self.max_pos: int | None = None                      # positions < max_pos are valid
+        self.max_token: int | None = None
+        self.max_rows: int | None = None                     # row jobs: rows per run (set_rows)
+        self.buf: np.ndarray | None = None
+        self.addr = self.n_jobs = 0
+        self.argmax_job: int | None = None
+        self._slots: np.ndarray | None = None                # ARGMAX: per thread {u64 index, f32, u32 bad}
+        self._slot_views: list[tuple] = []                   # ... and ctypes views of them
+        self._max: int | None = None                         # gpt2asm_plan_step's reduction of the slots
+        self.spans: dict[str, list[range]] = {}              # name -> the job ranges of span(name)
+
+    # -- building -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def span(self, name: str):
+        """Name the jobs added inside the with-block: appends their range to self.spans[name]."""
+        start = len(self.jobs)
+        yield
+        self.spans.setdefault(name, []).append(range(start, len(self.jobs)))
+
+    def _limit_pos(self, n: int) -> None:
+        self.max_pos = n if self.max_pos is None else min(self.max_pos, n)
+
+    def _limit_rows(self, n: int) -> None:
+        self.max_rows = n if self.max_rows is None else min(self.max_rows, n)
+
+    def _ptr(self, a: np.ndarray) -> int:
+        self.keep.append(a)
+        return addr(a)
+
+    def _prologue(self, ln, embed: bool, n_in: int, x) -> tuple[int, dict]:
+        """Flags and fields of an optional LayerNorm (+ embedding) prologue feeding n_in inputs."""
+        if ln is None:
+            if embed:
+                raise InvalidArgumentError("the embedding prologue needs a LayerNorm")
+            check(x, "x", np.float32, n_in)
+            return 0, dict(x=self._ptr(x))
+        src, g, beta = ln
+        check(src, "ln source", np.float32, n_in, writable=embed)
+        check(g, "ln gain", np.float32, n_in)
+        check(beta, "ln bias", np.float32, n_in)
+        self.priv_h = max(self.priv_h, n_in)
+        flags = PRO_LN
+        if embed:
+            if self.embed is None:
+                raise InvalidArgumentError("set_embedding() first")
+            if src is not self.embed[2]:
+                raise InvalidArgumentError("the embedding prologue normalises the residual stream it fills")
+            flags |= PRO_EMBED
+            self.priv_e = max(self.priv_e, n_in)
+        return flags, dict(x=self._ptr(src), g=self._ptr(g), beta=self._ptr(beta))
+
+    def set_embedding(self, wte: np.ndarray, wpe: np.ndarray, x: np.ndarray) -> None:
+        """The embedding add x = wte[token] + wpe[pos] of the EMBED prologue (wte [V][C], wpe [n_ctx][C])."""
+        if not (isinstance(wte, np.ndarray) and wte.ndim == 2 and isinstance(wpe, np.ndarray) and wpe.ndim == 2
+                and wte.shape[1] == wpe.shape[1]):
+            raise InvalidArgumentError("wte, wpe: expected [V][C] and [n_ctx][C]")
+        C = wte.shape[1]
+        if C < 16 or C % 16:
+            raise InvalidArgumentError(f"embedding width {C} must be a positive multiple of 16")
+        check(wte, "wte", np.float32)
+        check(wpe, "wpe", np.float32)
+        check(x, "x", np.float32, C, writable=True)
+        self.embed = (wte, wpe, x)
+        self.max_token = wte.shape[0]
+        self._limit_pos(wpe.shape[0])
+        self.keep += [wte, wpe, x]
+
+    def _weights(self, w, scale, n_tiles: int | None = None) -> tuple[int, int, int, dict]:
+        """A job's tiled weights (and int8 scales): (n_tiles, n_in, dtype flag, record fields)."""
+        n_tiles, n_in, dtype = check_matrix(w, "w", scale, n_tiles)
+        flag = _WDTYPES[dtype]
+        if flag == FL_Q8 and not self.k.has_q8:
+            raise KernelUnavailableError(f"the {self.k.family} family has no int8 kernels in this library")
+        return n_tiles, n_in, flag, dict(w=self._ptr(w), scale=0 if scale is None else self._ptr(scale),
+                                         n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
+
+    def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,
+               scale: np.ndarray | None = None, ln=None, embed: bool = False, gelu: bool = False,
+               resid: np.ndarray | None = None, argmax: int | None = None, chunk: int | None = None) -> int:
+        """y = W in + b over the tiles of w (float32, float16, or int8 with its scales: required iff int8),
+        in = x or LayerNorm(ln = (source, gain, bias)) (after the embedding add if embed); then y = gelu(y),
+        or resid += y (the residual add), or (argmax = n, one job per plan) the first maximum of y[0..n)
+        for first_max() (claims of ARGMAX_CHUNK tiles, scanned while in cache).  Returns the job index."""
+        n_tiles, n_in, wflag, wf = self._weights(w, scale)
+        flags, f = self._prologue(ln, embed, n_in, x)
+        check(y, "y", np.float32, n_tiles * TILE, writable=True)
+        if b is not None:
+            check(b, "b", np.float32, n_tiles * TILE)
+        if (gelu, resid is not None, argmax is not None).count(True) > 1:
+            raise InvalidArgumentError("one epilogue per job")
+        if gelu:
+            flags |= EPI_GELU
+        if resid is not None:
+            check(resid, "resid", np.float32, n_tiles * TILE, writable=True)
+            flags |= EPI_RESID
+            f["a0"] = self._ptr(resid)
+        if argmax is not None:
+            if not (is_int(argmax) and TILE * (n_tiles - 1) < argmax <= TILE * n_tiles < 1 << 31):
+                raise InvalidArgumentError(f"argmax: the outputs scanned must be in ({TILE * (n_tiles - 1)}, "
+                                           f"{TILE * n_tiles}], below 2^31; got {argmax!r}")
+            if self.argmax_job is not None:
+                raise InvalidArgumentError("one argmax job per plan")
+            flags |= EPI_ARGMAX
+            sz, sf = _abi.ARGMAX_SLOT, _abi.ARGMAX_SLOT_FIELDS
+            slots = self._slots = aligned_bytes(sz * self.k.threads)
+            self._slot_views = [(ctypes.c_uint64.from_buffer(slots, sz * t + sf["index"].offset),
+                                 ctypes.c_float.from_buffer(slots, sz * t + sf["value"].offset),
+                                 ctypes.c_uint32.from_buffer(slots, sz * t + sf["bad"].offset))
+                                for t in range(self.k.threads)]
+            f.update(a0=self._ptr(slots), a1=int(argmax))
+            chunk = ARGMAX_CHUNK if chunk is None else chunk
+        f.update(wf, b=0 if b is None else self._ptr(b), y=self._ptr(y))
+        job = self._add(KIND_MATVEC, flags | wflag, n_tiles, chunk, f)
+        if argmax is not None:
+            self.argmax_job = job
+        return job
+
+    def qkv_attention(self, w: np.ndarray, b: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                      out: np.ndarray, *, ln, embed: bool = False, scale: np.ndarray | None = None) -> int:
+        """One transformer block's attention half for the token at the header's position pos: per head h
+        (the work items), tiles h, H+h, 2H+h of the c_attn matvec (scale: its int8 scales) on
+        LayerNorm(ln) give q_h (into q), k_h and v_h (straight into the caches k, v [H][n_ctx][64] at
+        pos); then the attention of head h over positions 0..pos into out."""
+        H, n_ctx = check_cache(k, v, writable=True)
+        kvflag = self._kv16(k, 1)
+        _, n_in, wflag, wf = self._weights(w, scale, 3 * H)
+        check(b, "b", np.float32, 3 * H * TILE)
+        check(q, "q", np.float32, 3 * H * TILE, writable=True)
+        check(out, "out", np.float32, H * HEAD_DIM, writable=True)
+        flags, f = self._prologue(ln, embed, n_in, None)
+        self._limit_pos(n_ctx)
+        self.priv_s = max(self.priv_s, H * (-(-n_ctx // 16) * 16))        # a score row per head
+        f.update(wf, b=self._ptr(b), y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out),
+                 a3=n_ctx * HEAD_DIM)
+        return self._add(KIND_QKV, flags | wflag | kvflag, H, None, f)
+
+    # -- prefill: row jobs over the n_tok rows of a run (set_rows) -----------------------------------
+
+    def _rows(self, a, name: str, width: int, writable: bool = False) -> int:
+        """A row buffer [R][ld >= width]: limits the rows per run to R; returns ld (floats)."""
+        R, ld = check_rows(a, name, width, writable)
+        self._limit_rows(R)
+        self.keep.append(a)
+        return ld
+
+    def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None, y: np.ndarray, *,
+               scale: np.ndarray | None = None, gelu: bool = False, resid: np.ndarray | None = None,
+               kv: tuple | None = None, chunk: int | None = None) -> int:
+        """Y[t] = W X[t] + b for the rows t < n_tok of a run (tiles are the items), x [R][>= n_in],
+        y [R][>= 64 n_tiles]; then Y[t] = gelu(Y[t]), or resid[t] += Y[t] (resid [R][>= 64 n_tiles]).
+        kv = (k, v), the caches [H][n_ctx][64]: w is c_attn (3H tiles); its q tiles go to y
+        ([R][>= 64 H]), its k and v tiles straight into the caches at rows pos .. pos + n_tok - 1."""
+        if not self.k.has_matmul:
+            raise KernelUnavailableError(f"the {self.k.family} family has no matmul kernels in this library")
+        n_tiles, n_in, wflag, f = self._weights(w, scale)
+        if b is not None:
+            check(b, "b", np.float32, n_tiles * TILE)
+        flags, width = wflag, n_tiles * TILE
+        if kv is not None:
+            if not (isinstance(kv, tuple) and len(kv) == 2):
+                raise InvalidArgumentError("kv: expected the caches (k, v)")
+            if gelu or resid is not None:
+                raise InvalidArgumentError("no epilogue with kv")
+            H, n_ctx = check_cache(*kv, writable=True)
+            if n_tiles != 3 * H:
+                raise InvalidArgumentError(f"w: {n_tiles} tiles, expected {3 * H} (c_attn of {H} heads)")
+            self._limit_pos(n_ctx)
+            flags, width = flags | FL_KV | self._kv16(kv[0], check_rows(x, "x", n_in)[0]), H * TILE
+            f.update(a0=self._ptr(kv[0]), a1=self._ptr(kv[1]), a3=n_ctx * HEAD_DIM, a4=H)
+        f.update(ldx=self._rows(x, "x", n_in), ldy=self._rows(y, "y", width, writable=True), x=addr(x),
+                 y=addr(y), b=0 if b is None else self._ptr(b))
+        if np.may_share_memory(x, y):
+            raise InvalidArgumentError("y must not overlap x")
+        if gelu and resid is not None:
+            raise InvalidArgumentError("one epilogue per job")
+        if gelu:
+            flags |= EPI_GELU
+        if resid is not None:
+            if np.may_share_memory(resid, y) or np.may_share_memory(resid, x):
+                raise InvalidArgumentError("resid must not overlap x or y")
+            f.update(ldr=self._rows(resid, "resid", n_tiles * TILE, writable=True), a0=addr(resid))
+            flags |= EPI_RESID
+        return self._add(KIND_MATMUL, flags, n_tiles, chunk, f)
+
+    def rows_layernorm(self, x: np.ndarray, g: np.ndarray, beta: np.ndarray, y: np.ndarray, *,
+                       chunk: int | None = None) -> int:
+        """Y[t] = layernorm(X[t]) (gain g, bias beta [n]) for the rows t < n_tok of a run (rows are the
+        items); x, y [R][>= n]."""
+        if not (isinstance(g, np.ndarray) and g.size >= 1):
+            raise InvalidArgumentError("ln gain: expected a float32 vector")
+        n = g.size
+        check(g, "ln gain", np.float32, n)
+        check(beta, "ln bias", np.float32, n)
+        f = dict(ldx=self._rows(x, "x", n), ldy=self._rows(y, "y", n, writable=True), x=addr(x), y=addr(y),
+                 g=self._ptr(g), beta=self._ptr(beta), n_in=n)
+        return self._add(KIND_ROWLN, FL_ROWS, 1, chunk, f)
+
+    def rows_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
+                       chunk: int | None = None) -> int:
+        """For the rows t < n_tok of a run at positions pos + t: out[t] = attention of the query row
+        q[t] over cache positions 0 .. pos + t (items: head x row pairs); q, out [R][>= 64 H]."""
+        H, n_ctx = check_cache(k, v)
+        kvflag = self._kv16(k, 0)
+        f = dict(ldx=self._rows(q, "q", H * HEAD_DIM), ldy=self._rows(out, "out", H * HEAD_DIM, writable=True),
+                 y=addr(q), a0=self._ptr(k), a1=self._ptr(v), a2=addr(out), a3=n_ctx * HEAD_DIM)
+        if np.may_share_memory(q, out):
+            raise InvalidArgumentError("out must not overlap q")
+        self._limit_pos(n_ctx)
+        self.priv_s = max(self.priv_s, ROWATTN_ROWS * (-(-n_ctx // 16) * 16))     # a score row per query row
+        return self._add(KIND_ROWATTN, FL_ROWS | kvflag, H, chunk, f)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, n_pos: int) -> int:
+        """Attention of q [H*64] over positions 0..n_pos-1 of k, v [H][n_ctx][64] into out; heads are the items."""
+        H, n_ctx = check_attention(q, k, v, n_pos)
+        kvflag = self._kv16(k, 0)
+        check(out, "out", np.float32, H * HEAD_DIM, writable=True)
+        self.priv_s = max(self.priv_s, H * (-(-int(n_pos) // 16) * 16))   # a score row per head
+        f = dict(y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out), a3=n_ctx * HEAD_DIM,
+                 a4=int(n_pos))
+        return self._add(KIND_ATTN, kvflag, H, None, f)
+
+    def _kv16(self, k: np.ndarray, rows: int) -> int:
+        """The cache flag of a job over cache k: FL_KV16 for a binary16 cache, whose k / v rows the job
+        first writes to `rows` float32 staging rows of 64 (a private area's) -- else 0."""
+        if k.dtype != np.float16:
+            return 0
+        self.priv_kv = max(self.priv_kv, rows * HEAD_DIM)
+        return FL_KV16
+
+    def _add(self, kind: int, flags: int, n_items: int, chunk: int | None, fields: dict) -> int:
+        if self.buf is not None:
+            raise InvalidArgumentError("the plan is built already")
+        shift = 0
+        if chunk is None:
+            chunk, shift = (_row_claims(self.k.threads) if flags & FL_ROWS or kind == KIND_MATMUL else
+                            _claims(n_items, self.k.threads, self.k.family))
+        if not is_int(chunk) or not 1 <= chunk:
+            raise InvalidArgumentError(f"chunk must be ≥ 1, got {chunk}")
+        flags |= shift << _abi.B_CLAIM_SHIFT
+        self.jobs.append((kind, flags, dict(fields, n=n_items, chunk=chunk)))
+        return len(self.jobs) - 1
+
+    def build(self) -> "Plan":
+        """Lay the records out (header, private areas per thread, jobs); returns self."""
+        if self.buf is not None:
+            return self
+        if not self.jobs:
+            raise InvalidArgumentError("a plan needs at least one job")
+        n = len(self.jobs)
+        buf = aligned_bytes(PLAN_HEADER + JOB_BYTES * n)
+        u64 = buf.view(np.uint64)
+        u32 = buf.view(np.uint32)
+        r16 = lambda f: -(-f // 16) * 16                         # noqa: E731  floats -> 64-byte multiple
+        h_off, e_off = 0, 4 * r16(self.priv_h)
+        s_off = e_off + 4 * r16(self.priv_e)
+        kv_off = s_off + 4 * r16(self.priv_s)
+        stride = max(64, kv_off + 4 * r16(self.priv_kv))
+        self.priv = aligned_bytes(stride * self.k.threads)
+        hdr = dict(n_jobs=n, priv=addr(self.priv), priv_stride=stride, h_off=h_off, e_off=e_off, s_off=s_off,
+                   kv_off=kv_off, argmax=0 if self._slots is None else addr(self._slots))
+        if self.embed is not None:
+            wte, wpe, x = self.embed
+            hdr.update(C=wte.shape[1], wte=addr(wte), wpe=addr(wpe), x=addr(x))
+        for key, val in hdr.items():
+            u64[_H[key]] = val
+        for j, (kind, flags, fields) in enumerate(self.jobs):
+            base = (PLAN_HEADER + JOB_BYTES * j) // 8
+            u32[2 * base + _abi.J_KIND // 4], u32[2 * base + _abi.J_FLAGS // 4] = kind, flags
+            for key, val in fields.items():
+                u64[base + _J[key]] = val
+        self.buf, self.addr, self.n_jobs = buf, addr(buf), n
+        self._step = u64[:PLAN_HEADER // 8]
+        return self
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def first_max(self) -> int | None:
+        """After a run that included the argmax job: the index of the first maximum of its outputs
+        (numpy.argmax), or None if any of them is NaN or ±inf -- what Kernels.argmax gives on them.
+        (Read through ctypes views of the slots, made with the plan: this runs after every step, on
+        caches the weights have flushed, where each numpy call costs microseconds.)"""
+        if self.argmax_job is None:
+            raise InvalidArgumentError("the plan has no argmax job")
+        m = self._max
+        if m is not None:                              # reduced by gpt2asm_plan_step (Plan.step)
+            if m == SIZE_MAX:
+                raise LibraryError("the argmax job left no result")
+            return None if m == SIZE_MAX - 1 else m
+        best = bv = None
+        for i, v, bad in self._slot_views:
+            if bad.value:
+                return None
+            i = i.value
+            if i != SIZE_MAX and (best is None or v.value > bv or (v.value == bv and i < best)):
+                best, bv = i, v.value
+        if best is None:
+            raise LibraryError("the argmax job left no result (was it run?)")
+        return best
+
+    def check_step(self, token: int, pos: int) -> None:
+        """InvalidArgumentError unless token and pos are integers within the plan's limits (args.py)."""
+        token_id(token, self.max_token if self.max_token is not None else 1 << 62)
+        integer("position", pos, 0, (self.max_pos if self.max_pos is not None else 1 << 62) - 1)
+
+    def set_step(self, token: int, pos: int) -> None:
+        """The per-step parameters read by the EMBED prologue (token, pos) and the QKV jobs (pos)."""
+        self.check_step(token, pos)
+        self._step[_H["token"]] = token
+        self._step[_H["pos"]] = pos
+
+    def _built(self, who: str) -> None:
+        if self.buf is None:
+            raise InvalidArgumentError(f"{who}: a built plan is needed")
+
+    def run(self, jobs: range | None = None) -> None:
+        """Run the jobs of a range (default all; e.g. a span or a union of spans) with every thread of the
+        pool, one job at a time (gpt2asm_plan_run_<isa>)."""
+        self._built("run")
+        jobs = range(self.n_jobs) if jobs is None else jobs
+        if not (isinstance(jobs, range) and jobs.step == 1 and 0 <= jobs.start <= jobs.stop <= self.n_jobs):
+            raise InvalidArgumentError(f"run: jobs {jobs!r} outside 0..{self.n_jobs}")
+        self._max = None                                # first_max() reads the slots
+        self.k.execute(self.addr, jobs.start, jobs.stop)
+
+    def step(self, token: int, pos: int) -> None:
+        """set_step(token, pos) and a run of every job, in one call into the library
+        (gpt2asm_plan_step_<isa>), which also reduces the argmax job's per-thread slots for first_max().
+        A decode step's Python is mostly cache misses (the weights have just streamed through every
+        cache): each numpy or ctypes operation saved here saves microseconds per token."""
+        self._built("step")
+        self.check_step(token, pos)
+        self._max = None
+        self._max = self.k.execute_step(self.addr, token, pos)
+
+    def set_rows(self, n_tok: int, pos: int) -> None:
+        """The per-run parameters of the row jobs: n_tok rows, the tokens at positions pos .. pos+n_tok-1
+        (1 <= n_tok <= the rows of every row buffer; pos + n_tok <= n_ctx of every cache)."""
+        if self.buf is None or self.max_rows is None:
+            raise InvalidArgumentError("set_rows: a built plan with row jobs is needed")
+        if not (is_int(n_tok) and 1 <= n_tok <= self.max_rows):
+            raise InvalidArgumentError(f"rows per run must be in 1..{self.max_rows}, got {n_tok!r}")
+        limit = self.max_pos if self.max_pos is not None else 1 << 62
+        if not (is_int(pos) and 0 <= pos and pos + n_tok <= limit):
+            raise InvalidArgumentError(f"positions {pos!r} .. +{n_tok} outside 0..{limit - 1}")
+        self._step[_H["pos"]] = pos
+        self._step[_H["n_tok"]] = n_tok

@@ -1,0 +1,74 @@
+"""The Python thread pool: for a kernel family without the library's plan executor (Kernels.has_plan).
+
+The families with a plan executor run every plan on the library's own pool instead
+(gpt2asm_worker_<family>, started by Kernels; docs/kernels.md, "Thread pool and plans").
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+
+class Pool:
+    """n-1 worker threads plus the caller.  run(fn, args) calls fn(*args[i]) on thread i and waits.
+
+    ctypes drops the GIL for the length of each foreign call, so the kernels of one job run in parallel.
+    Every output is computed whole by one thread, so results do not depend on n.
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self._todo = [queue.SimpleQueue() for _ in range(n - 1)]
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, args=(q,), daemon=True, name=f"gpt2asm-{i + 1}")
+                         for i, q in enumerate(self._todo)]
+        for t in self._threads:
+            t.start()
+
+    def _work(self, q: queue.SimpleQueue) -> None:
+        while (job := q.get()) is not None:
+            fn, args = job
+            try:
+                fn(*args)
+            finally:
+                self._done.put(None)
+
+    def run(self, fn, args: list[tuple]) -> None:
+        """Returns (or raises) only once every worker finished its part: an exception or Ctrl-C on the
+        calling thread still waits for the kernels running on the others (they write the job's outputs),
+        so no completion of this job can be taken for one of the next."""
+        sent = 0
+        try:
+            for q, a in zip(self._todo, args[1:]):
+                q.put((fn, a))
+                sent += 1
+            fn(*args[0])
+        finally:
+            interrupted = None
+            while sent:
+                try:
+                    self._done.get()
+                    sent -= 1
+                except KeyboardInterrupt as e:     # a kernel call is short: keep waiting, then re-raise
+                    interrupted = e
+            if interrupted is not None:
+                raise interrupted
+
+    def close(self) -> None:
+        for q in self._todo:
+            q.put(None)
+        for t in self._threads:
+            t.join()
+        self._todo = []
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous near-equal ranges covering 0..n (empty ranges dropped)."""
+    parts = max(1, min(parts, n))
+    return [(n * i // parts, n * (i + 1) // parts) for i in range(parts)]
