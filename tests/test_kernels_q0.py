@@ -221,3 +221,203 @@ def test_quantize_page_guards():
                     ok &= bool((qg.get(np.int8) == eq).all() and same_bits(dg.get(np.float32), ed).all())
         return ok
     run_forked(child)
+
+
+# --------------------------------------------------------------------------------------------------
+# the decode kernels (matvec)
+
+def make_weights(rng, kind: str, n_out: int, n_in: int, *, every_value: bool = False):
+    """Random weight ints over the whole range (-128..127 / -8..7) and fp16 scales of both signs, some
+    blocks all zero: (q int8 [n_out][n_in], dw float16 [n_out][nb])."""
+    nb = n_in // QK
+    lo, hi = (-128, 128) if kind == "q8_0" else (-8, 8)
+    q = rng.integers(lo, hi, (n_out, n_in)).astype(np.int8)
+    if every_value:                                  # every int8 (nibble) value in every block position
+        q[:] = ((np.arange(n_out)[:, None] * 7 + np.arange(n_in)[None, :]) % (hi - lo) + lo).astype(np.int8)
+    dw = (rng.standard_normal((n_out, nb)) * 0.02).astype(np.float16)
+    zero = rng.random((n_out, nb)) < 0.05
+    q.reshape(n_out, nb, QK)[zero] = 0
+    dw[rng.random((n_out, nb)) < 0.03] = 0
+    return q, dw
+
+
+def mv_ref(kind, w, n_in, nt, xq, xd, b) -> np.ndarray:
+    q, dw = q0ref.untile(w, kind, nt * TILE, n_in)
+    return q0ref.matvec(q, dw, xq, xd, b)
+
+
+def run_mv(mode, kind, isa, w, xq, xd, b, nt, tb, te, seed=0) -> np.ndarray:
+    n_in = xq.size
+    y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
+    sym = mv_symbol(kind, isa)
+    if mode == "emu":
+        emu, _ = mv.emulator()
+        nbytes = te * (n_in // QK) * RECORD[kind]
+        ws = np.array(w[:max(nbytes, 64)])                     # reading past tile te-1 faults
+        args = [np.array(a) if a is not None else None for a in (xq, xd, b)]
+        for a in [ws] + args:
+            if a is not None:
+                a.flags.writeable = False
+        y = y0.copy()
+        emu.call(sym, ws, *args, y, n_in, tb, te, ret=None)
+        return y
+    lib = load_lib()
+    mis = seed % 61
+    wg = Guarded(w.nbytes, 0, seed).put(w)
+    qg = Guarded(xq.nbytes, (mis + 1) % 64, seed + 1).put(xq)
+    dg = Guarded(xd.nbytes, (mis * 4 + 4) % 64, seed + 2).put(xd)
+    bg = Guarded(b.nbytes, (mis * 4 + 8) % 64, seed + 3).put(b) if b is not None else None
+    yg = Guarded(y0.nbytes, (mis * 4 + 12) % 64, seed + 4).put(y0)
+    getattr(lib, sym)(wg.addr, qg.addr, dg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
+    mv.check_guarded(f"{sym} (native)", ((wg, w, "w"), (qg, xq, "xq"), (dg, xd, "xd"), (bg, b, "b"),
+                                         (yg, None, "y")))
+    return yg.get(np.float32)
+
+
+def check_mv(modes, kind, isa, w, xq, xd, b, nt, tb, te, seed=0, exp=None) -> np.ndarray:
+    n_in = xq.size
+    if exp is None:
+        exp = mv_ref(kind, w, n_in, nt, xq, xd, b)
+    lo, hi = TILE * tb, TILE * te
+    for mode in modes:
+        name = f"{mv_symbol(kind, isa)} ({mode})"
+        y = run_mv(mode, kind, isa, w, xq, xd, b, nt, tb, te, seed)
+        outside = np.r_[0:lo, hi:nt * TILE]
+        assert np.all(y.view(np.uint32)[outside] == Y_FILL), f"{name}: wrote outputs outside tiles [{tb}, {te})"
+        ok = same_bits(y[lo:hi], exp[lo:hi])
+        assert ok.all(), (f"{name} n_in={n_in} tiles [{tb},{te}): differs from tests/q0ref.py at outputs "
+                          f"{np.flatnonzero(~ok)[:8] + lo}: got {y[lo:hi][~ok][:4]} expected {exp[lo:hi][~ok][:4]}")
+    return exp
+
+
+def act(rng, n_in: int, special: bool = False):
+    x = special_row(rng, n_in) if special else (rng.standard_normal(n_in) * 2).astype(np.float32)
+    return q0ref.quantize_act(x)
+
+
+MV_CASES = [(kind, isa) for kind in KINDS for isa in MV_ISAS]
+
+
+@pytest.fixture(scope="module", params=MV_CASES, ids=[f"{k}_{i}" for k, i in MV_CASES])
+def mvvar(request):
+    kind, isa = request.param
+    return kind, isa, runner_modes(isa)
+
+
+@pytest.mark.parametrize("n_in", [32, 64, 96, 800, 3072])
+def test_matvec_sizes(mvvar, n_in):
+    """Odd block counts, tile ranges that do not start at 0, padded tails, with and without bias."""
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(n_in)
+    cases = [(1, 0, 1, 64), (3, 0, 3, 150), (4, 1, 3, 256), (5, 2, 5, 300)] if n_in <= 96 else \
+        [(3, 0, 3, 170), (4, 1, 3, 256)]
+    for k, (nt, tb, te, n_out) in enumerate(cases):
+        q, dw = make_weights(rng, kind, n_out, n_in, every_value=k == 1)
+        w = q0ref.tile(q, dw, kind)
+        xq, xd = act(rng, n_in, special=k % 2 == 1)
+        b = (rng.standard_normal(nt * TILE)).astype(np.float32) if k % 2 == 0 else None
+        m = modes if n_in <= 800 or k == 0 else [x for x in modes if x == "native"] or modes
+        check_mv(m, kind, isa, w, xq, xd, b, nt, tb, te, seed=k + n_in)
+
+
+def test_matvec_empty_range(mvvar):
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(5)
+    q, dw = make_weights(rng, kind, 192, 64)
+    w = q0ref.tile(q, dw, kind)
+    xq, xd = act(rng, 64)
+    for tb in (0, 2, 3):
+        check_mv(modes, kind, isa, w, xq, xd, None, 3, tb, tb)
+
+
+def test_matvec_extremes(mvvar):
+    """The largest block sums (|s| up to 32*128*127), every weight value, xq = +-127, NaN / inf / huge /
+    subnormal / zero activation blocks and scales, signed zeros."""
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(17)
+    n_in, nt = 160, 2
+    nb = n_in // QK
+    wmin = -128 if kind == "q8_0" else -8
+    q, dw = make_weights(rng, kind, nt * TILE, n_in)
+    q[:32] = wmin                                                 # the most negative weight everywhere
+    q[32:40] = 127 if kind == "q8_0" else 7
+    q[40:64] = np.arange(n_in)[None, :] % (256 if kind == "q8_0" else 16) + wmin
+    dw[5, :] = np.float16(6e-8)                                   # fp16 subnormal scales
+    dw[6, :] = np.float16(-0.0)
+    dw[7, 1] = np.float16(np.inf)
+    dw[8, 2] = np.float16(np.nan)
+    dw[9, :] = np.float16(65504)
+    w = q0ref.tile(q, dw, kind)
+    b = rng.standard_normal(nt * TILE).astype(np.float32)
+    b[3] = -0.0
+    xs = []
+    xq = np.where(np.arange(n_in) % 3 == 0, -127, 127).astype(np.int8)      # +-amax everywhere
+    xs.append((xq, np.full(nb, 1.5, np.float32)))
+    xs.append((np.full(n_in, 127, np.int8), np.full(nb, 3e38, np.float32)))       # overflow to inf
+    xs.append((np.full(n_in, -127, np.int8), np.array([1e-40, 0, 1e-45, 2.0 ** -126, 1.0], np.float32)))
+    xs.append(act(rng, n_in, special=True))                       # NaN, inf, subnormal, zero blocks
+    xq = rng.integers(-127, 128, n_in).astype(np.int8)
+    xd = np.array([np.nan, -np.inf, 0.0, -0.0, 7.0], np.float32)
+    xs.append((xq, xd))
+    for k, (xq, xd) in enumerate(xs):
+        for bias in (b, None):
+            check_mv(modes, kind, isa, w, xq, xd, bias, nt, 0, nt, seed=k)
+    # all-zero products: y = +0 + b (or +0)
+    z = q0ref.tile(np.zeros((64, 64), np.int8), np.zeros((64, 2), np.float16), kind)
+    y = check_mv(modes, kind, isa, z, np.zeros(64, np.int8), np.zeros(2, np.float32), None, 1, 0, 1)
+    assert (y.view(np.uint32) == 0).all()
+
+
+def test_matvec_head_like(mvvar):
+    """A head-like shape: many tiles, the last one padded (n_out = 64 * 40 + 17), small n_in."""
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(31)
+    n_in, n_out = 64, 64 * 40 + 17
+    q, dw = make_weights(rng, kind, n_out, n_in)
+    w = q0ref.tile(q, dw, kind)
+    nt = -(-n_out // TILE)
+    xq, xd = act(rng, n_in)
+    exp = check_mv(modes, kind, isa, w, xq, xd, None, nt, 0, nt)
+    assert (exp[n_out:] == 0).all()
+    check_mv(modes, kind, isa, w, xq, xd, None, nt, 37, nt, exp=exp)
+
+
+def test_matvec_page_guards():
+    """Natively, in a child: w (only the tiles of the range), xq, xd, b, y butting against PROT_NONE pages
+    on either side, every variant the CPU has.  Any over-read or over-write faults."""
+    lib = load_lib()
+    have = native_isas(lib)
+    todo = [(k, i) for k, i in MV_CASES if i in have]
+    if not todo:
+        pytest.skip("no variant runs natively")
+    rng = np.random.default_rng(9)
+    jobs = []
+    for kind in KINDS:
+        for n_in, nt, tb, te in ((32, 3, 1, 3), (96, 4, 2, 3), (800, 2, 0, 2)):
+            q, dw = make_weights(rng, kind, nt * TILE, n_in)
+            w = q0ref.tile(q, dw, kind)
+            xq, xd = act(rng, n_in)
+            b = rng.standard_normal(nt * TILE).astype(np.float32)
+            jobs.append((kind, w, xq, xd, b, nt, tb, te, mv_ref(kind, w, n_in, nt, xq, xd, b)))
+
+    def child() -> bool:
+        ok = True
+        for kind, isa in todo:
+            fn = getattr(lib, mv_symbol(kind, isa))
+            for _, w, xq, xd, b, nt, tb, te, exp in (j for j in jobs if j[0] == kind):
+                n_in = xq.size
+                tile_bytes = (n_in // QK) * RECORD[kind]
+                for at_end in (True, False):
+                    wg = PageFenced((te - tb) * tile_bytes, at_end).put(w[tb * tile_bytes:te * tile_bytes])
+                    qg = PageFenced(xq.nbytes, at_end).put(xq)
+                    dg = PageFenced(xd.nbytes, at_end).put(xd)
+                    bs = b[TILE * tb:TILE * te]
+                    bg = PageFenced(bs.nbytes, at_end).put(bs)
+                    yg = PageFenced(bs.nbytes, at_end)
+                    if wg.addr % 64:
+                        return False                             # (records must be aligned)
+                    fn(wg.addr - tb * tile_bytes, qg.addr, dg.addr, bg.addr - 4 * TILE * tb,
+                       yg.addr - 4 * TILE * tb, n_in, tb, te)
+                    ok &= bool(same_bits(yg.get(np.float32), exp[TILE * tb:TILE * te]).all())
+        return ok
+    run_forked(child)
