@@ -1061,6 +1061,119 @@ class Kernels:
         return out
 
 
+# --------------------------------------------------------------------------------------------------
+# q8_0 / q4_0 integer kernels (docs/kernels-q0.md): one contiguous block (variant choice, bindings,
+# checked wrappers), independent of Kernels above
+
+Q0_QK = 32                                        # inputs per block
+Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}          # bytes per (tile, block) record
+Q0_MAX_IN = 1 << 20      # the decode kernels keep n_in/32 int32 block corrections on the stack (<= 128 KiB)
+# family -> (plain variant, VNNI variant, the CPU feature the VNNI one needs)
+Q0_VARIANTS = {"avx2": ("avx2", "avxvnni", "avx_vnni"), "avx512": ("avx512", "avx512vnni", "avx512_vnni")}
+
+
+def q0_features() -> dict[str, bool]:
+    """The CPU features the q0 variants need beyond their family: avx512bw, avx512_vnni
+    (CPUID.(7,0):EBX[30], ECX[11]) and avx_vnni (CPUID.(7,1):EAX[4])."""
+    if ARCH != "x86_64" or cpuid(0)[0] < 7:
+        return {"avx512bw": False, "avx512_vnni": False, "avx_vnni": False}
+    eax7, ebx7, ecx7, _ = cpuid(7, 0)
+    return {"avx512bw": bool(ebx7 >> 30 & 1), "avx512_vnni": bool(ecx7 >> 11 & 1),
+            "avx_vnni": eax7 >= 1 and bool(cpuid(7, 1)[0] >> 4 & 1)}
+
+
+def q0_variant(family: str, plain: bool | None = None) -> str:
+    """The q0 kernel variant for a kernel family: its VNNI variant where the CPU has it, else the plain
+    one (plain=True, or $GPT2ASM_Q0_PLAIN=1, forces the plain one).  The avx512 variants need AVX512BW
+    too; an avx512 family without it uses the avx2 family's variant."""
+    if family not in Q0_VARIANTS:
+        raise KernelUnavailableError(f"no q8_0 / q4_0 kernels for the {family!r} family yet")
+    if plain is None:
+        plain = os.environ.get("GPT2ASM_Q0_PLAIN", "") not in ("", "0")
+    f = q0_features()
+    if family == "avx512" and not f["avx512bw"]:
+        family = "avx2"
+    base, vnni, feat = Q0_VARIANTS[family]
+    return vnni if f[feat] and not plain else base
+
+
+class Q0Kernels:
+    """One q0 variant bound (quantizer of its width, q8_0 and q4_0 matvec).  Methods take numpy arrays
+    and validate them before anything reaches the assembly."""
+
+    def __init__(self, family: str | int | None = None, plain: bool | None = None):
+        self.lib = load_library()
+        self.family = choose_family(family)
+        self.variant = q0_variant(self.family, plain)
+        qisa = "avx512" if self.variant.startswith("avx512") else "avx2"
+        P, N = c_void_p, c_size_t
+        # void gpt2asm_quantize_q8_0_<isa>(const float *x, int8_t *xq, float *xd, size_t n_in);
+        self.quantize_q8_0 = self._bind(f"gpt2asm_quantize_q8_0_{qisa}", [P, P, P, N])
+        # void gpt2asm_matvec_q8_0_<isa>(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
+        #                                float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+        # void gpt2asm_matvec_q4_0_<isa>(the same);
+        self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{self.variant}", [P, P, P, P, P, N, N, N])
+                          for k in Q0_RECORD}
+
+    def _bind(self, name: str, argtypes):
+        try:
+            fn = getattr(self.lib, name)
+        except AttributeError:
+            raise LibraryError(f"{name} is missing from the library: rebuild with `make build`") from None
+        fn.argtypes = argtypes
+        fn.restype = None
+        return fn
+
+    @staticmethod
+    def _n_in(n_in) -> int:
+        if isinstance(n_in, bool) or not isinstance(n_in, (int, np.integer)) or not (
+                0 < n_in <= Q0_MAX_IN and n_in % Q0_QK == 0):
+            raise InvalidArgumentError(f"n_in must be a multiple of {Q0_QK} in {Q0_QK}..{Q0_MAX_IN}, got {n_in!r}")
+        return int(n_in)
+
+    def quantize(self, x: np.ndarray, xq: np.ndarray | None = None, xd: np.ndarray | None = None):
+        """x float32 [n_in] -> (xq int8 [n_in], xd float32 [n_in/32]) (written into xq, xd if given)."""
+        if not isinstance(x, np.ndarray):
+            raise InvalidArgumentError(f"x: expected a numpy array, got {type(x).__name__}")
+        n_in = self._n_in(x.size)
+        xq = np.empty(n_in, np.int8) if xq is None else xq
+        xd = np.empty(n_in // Q0_QK, np.float32) if xd is None else xd
+        px = check(x, "x", np.float32, n_in)
+        pq = check(xq, "xq", np.int8, n_in, writable=True)
+        pd = check(xd, "xd", np.float32, n_in // Q0_QK, writable=True)
+        self.quantize_q8_0(px, pq, pd, n_in)
+        return xq, xd
+
+    def matvec(self, kind: str, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, b: np.ndarray | None = None,
+               y: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
+        """y[o] for tiles tile_begin .. tile_end-1 of the tiled records w (uint8, 64-byte aligned,
+        n_tiles * n_in/32 records); b, y float32 [64 * n_tiles] (b may be None)."""
+        if kind not in Q0_RECORD:
+            raise InvalidArgumentError(f"kind must be one of {', '.join(Q0_RECORD)}, got {kind!r}")
+        if not isinstance(xq, np.ndarray):
+            raise InvalidArgumentError(f"xq: expected a numpy array, got {type(xq).__name__}")
+        n_in = self._n_in(xq.size)
+        nb = n_in // Q0_QK
+        if not isinstance(w, np.ndarray) or w.size == 0 or w.size % (nb * Q0_RECORD[kind]):
+            raise InvalidArgumentError(f"w: expected {kind} records, a whole number of tiles of "
+                                       f"{nb * Q0_RECORD[kind]} bytes for n_in {n_in}")
+        nt = w.size // (nb * Q0_RECORD[kind])
+        pw = check(w, "w", np.uint8, aligned=True)
+        pq = check(xq, "xq", np.int8, n_in)
+        pd = check(xd, "xd", np.float32, nb)
+        pb = check(b, "b", np.float32, nt * TILE) if b is not None else None
+        y = np.empty(nt * TILE, np.float32) if y is None else y
+        py = check(y, "y", np.float32, nt * TILE, writable=True)
+        te = nt if tile_end is None else tile_end
+        for v, name in ((tile_begin, "tile_begin"), (te, "tile_end")):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
+        if not 0 <= tile_begin <= te <= nt:
+            raise InvalidArgumentError(f"tile range [{tile_begin}, {te}) not within 0..{nt}")
+        self.matvec_fn[kind](pw, pq, pd, pb, py, n_in, int(tile_begin), int(te))
+        return y
+
+
 _LIVE: "weakref.WeakSet[Kernels]" = weakref.WeakSet()
 
 

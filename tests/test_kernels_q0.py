@@ -421,3 +421,42 @@ def test_matvec_page_guards():
                     ok &= bool(same_bits(yg.get(np.float32), exp[TILE * tb:TILE * te]).all())
         return ok
     run_forked(child)
+
+
+# --------------------------------------------------------------------------------------------------
+# the Python bindings (gpt2asm.kernels.Q0Kernels): variant choice and argument checks
+
+def test_bindings_variants_and_checks(monkeypatch):
+    from gpt2asm import kernels as K
+    from gpt2asm.errors import InvalidArgumentError
+    lib = load_lib()
+    have = native_isas(lib)
+    rng = np.random.default_rng(3)
+    n_in, n_out = 96, 100
+    x = (rng.standard_normal(n_in) * 2).astype(np.float32)
+    eq, ed = q0ref.quantize_act(x)
+    for fam in [f for f in ("avx2", "avx512") if f in cpu_isas(lib)]:
+        for plain in (False, True):
+            k = K.Q0Kernels(fam, plain=plain)
+            base, vnni, _ = K.Q0_VARIANTS[fam if fam != "avx512" or "avx512" in have else "avx2"]
+            assert k.variant == (vnni if vnni in have and not plain else base)
+            xq, xd = k.quantize(x)
+            assert np.array_equal(xq, eq) and same_bits(xd, ed).all()
+            for kind in KINDS:
+                q, dw = make_weights(rng, kind, n_out, n_in)
+                w = K._aligned_zeros(q0ref.tile(q, dw, kind).size)
+                w[:] = q0ref.tile(q, dw, kind)
+                b = rng.standard_normal(128).astype(np.float32)
+                y = k.matvec(kind, w, xq, xd, b)
+                assert same_bits(y, mv_ref(kind, w, n_in, 2, xq, xd, b)).all()
+                for bad in (dict(kind="q5_0"), dict(w=w[1:]), dict(w=w.view(np.int8)), dict(xq=xq[:64]),
+                            dict(xd=xd[:2]), dict(b=b[:64]), dict(tile_end=3), dict(tile_begin=2, tile_end=1),
+                            dict(y=np.empty(128, np.float64))):
+                    args = dict(kind=kind, w=w, xq=xq, xd=xd, b=b) | bad
+                    with pytest.raises(InvalidArgumentError):
+                        k.matvec(**args)
+            for bad in (x[:40], x.astype(np.float64), np.zeros(0, np.float32)):
+                with pytest.raises(InvalidArgumentError):
+                    k.quantize(bad)
+    monkeypatch.setenv("GPT2ASM_Q0_PLAIN", "1")
+    assert K.q0_variant("avx2") == "avx2"
