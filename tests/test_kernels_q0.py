@@ -460,3 +460,117 @@ def test_bindings_variants_and_checks(monkeypatch):
                     k.quantize(bad)
     monkeypatch.setenv("GPT2ASM_Q0_PLAIN", "1")
     assert K.q0_variant("avx2") == "avx2"
+
+
+# --------------------------------------------------------------------------------------------------
+# benchmark: python tests/test_kernels_q0.py --bench  (not run by pytest)
+
+def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
+    """GB/s of q8_0 / q4_0 record streaming per GPT-2 124M shape and variant, against a plain streaming
+    read of the same bytes in calls of the same size (gpt2asm_readbw_f32_avx2), interleaved so the noise
+    of a shared machine hits both alike; every call reads weights that are in no cache (rotation over
+    4 x chunk_mb MB).  The decode target: ratio >= 0.90 at one thread.  Then the same in L2 (one matrix,
+    repeated): the kernel's own ceiling.  Times are the calling thread's CPU time (time.thread_time), or
+    wall time with --wall."""
+    clock = time.perf_counter if wall else time.thread_time
+    lib = load_lib()
+    have = native_isas(lib)
+    readbw = getattr(lib, "gpt2asm_readbw_f32_avx2", None)
+    if "avx2" not in have or readbw is None:
+        print("need AVX2 and gpt2asm_readbw_f32_avx2 for the baseline")
+        return
+    nchunk, chunk = 4, chunk_mb << 20
+    raw = np.empty(nchunk * chunk + 4096, np.uint8)
+    buf = raw[(-raw.ctypes.data) % 4096:][:nchunk * chunk]
+    buf[:] = 0x11              # scales fp16 0x1111 (normal), q8_0 ints 17, q4_0 nibbles 1: no subnormals
+    base = buf.ctypes.data
+    xq = np.full(3072, 5, np.int8)
+    xd = np.full(96, 0.01, np.float32)
+    y = np.empty(50304, np.float32)
+    qp, dp, yp = xq.ctypes.data, xd.ctypes.data, y.ctypes.data
+    k = [0]
+
+    def next_chunk():
+        k[0] += 1
+        return base + (k[0] % nchunk) * chunk
+
+    print(f"CPU q0 variants: {', '.join(sorted(have))}")
+    print(f"{'variant':30s} {'shape':22s} {'us/call':>9s} {'GB/s':>7s} {'read GB/s':>10s} {'ratio':>6s}"
+          f"  (medians of {rounds} interleaved rounds; weights not in cache; "
+          f"{'wall' if wall else 'thread CPU'} time)")
+    for kind in KINDS:
+        for isa in MV_ISAS:
+            if isa not in have:
+                print(f"{mv_symbol(kind, isa)}: not on this CPU, skipped")
+                continue
+            fn = getattr(lib, mv_symbol(kind, isa))
+            tot_k = tot_r = 0.0
+            for n_in, n_out, what in mv.SHAPES_124M:
+                nt = n_out // TILE
+                per = nt * (n_in // QK) * RECORD[kind]
+                ncopy = max(1, (chunk // 2) // per)
+                kern, read, ratio = [], [], []
+                for r in range(rounds):
+                    def run_kernel():
+                        p = next_chunk()
+                        t0 = clock()
+                        for c in range(ncopy):
+                            fn(p + c * per, qp, dp, None, yp, n_in, 0, nt)
+                        return clock() - t0
+
+                    def run_read():
+                        p = next_chunk()
+                        t0 = clock()
+                        for c in range(ncopy):
+                            readbw(p + c * per, per // 4)
+                        return clock() - t0
+                    if r % 2:
+                        tk, tr = run_kernel(), run_read()
+                    else:
+                        tr, tk = run_read(), run_kernel()
+                    kern.append(tk / ncopy)
+                    read.append(tr / ncopy)
+                    ratio.append(tr / tk)
+                tk, tr = float(np.median(kern)), float(np.median(read))
+                mult = 1 if what == "lm_head" else 12
+                tot_k += mult * tk
+                tot_r += mult * tr
+                print(f"{mv_symbol(kind, isa):30s} {n_in:4d}x{n_out:<5d} {what:11s} {tk * 1e6:9.1f} "
+                      f"{per / tk / 1e9:7.2f} {per / tr / 1e9:10.2f} {float(np.median(ratio)):6.3f}", flush=True)
+            print(f"  124M per token (12 layers + head): matvecs {tot_k * 1e3:.2f} ms, plain read {tot_r * 1e3:.2f} ms, "
+                  f"ratio {tot_r / tot_k:.3f}")
+    # in L2: the kernels' own ceiling (one matrix of ~200-400 KiB, repeated)
+    n_in, nt, reps = 768, 12, 200
+    for kind in KINDS:
+        per = nt * (n_in // QK) * RECORD[kind]
+        best = {}
+        calls = [(mv_symbol(kind, i), (lambda f=getattr(lib, mv_symbol(kind, i)): f(base, qp, dp, None, yp, n_in, 0, nt)))
+                 for i in MV_ISAS if i in have]
+        calls.append(("read", lambda: readbw(base, per // 4)))
+        for r in range(7):
+            for name, call in calls:
+                t0 = clock()
+                for _ in range(reps):
+                    call()
+                best[name] = min(best.get(name, 1e9), (clock() - t0) / reps)
+        print(f"in L2 ({kind}, {per >> 10} KiB, best of 7 x {reps} calls, ~1-4 us of ctypes per call): " +
+              ", ".join(f"{n} {per / t / 1e9:.1f} GB/s" for n, t in best.items()))
+    # the activation quantizer, per row of 768 / 3072
+    for isa in QUANT_ISAS:
+        if isa in have:
+            fn = getattr(lib, quant_symbol(isa))
+            x = np.ones(3072, np.float32)
+            q, d = np.empty(3072, np.int8), np.empty(96, np.float32)
+            for n in (768, 3072):
+                t0 = clock()
+                for _ in range(2000):
+                    fn(x.ctypes.data, q.ctypes.data, d.ctypes.data, n)
+                print(f"{quant_symbol(isa)} n_in {n}: {(clock() - t0) / 2000 * 1e6:.2f} us/call (with ctypes)")
+
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv[1:]:
+        args = sys.argv[1:]
+        bench(int(args[args.index("--rounds") + 1]) if "--rounds" in args else 21, wall="--wall" in args)
+    else:
+        sys.exit(pytest.main([__file__, *sys.argv[1:]]))
