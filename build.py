@@ -119,10 +119,11 @@ EXTRA_OPS = {
 # gpt2asm_<op>_<variant> (gpt2asm/kernels.py picks the best variant the CPU has: Q0_VARIANTS there).
 # check_exports requires every variant of a family like its FAMILY_OPS.
 VARIANT_OPS = {
-    "x86_64": {"avx2": {"quantize_q8_0": ("avx2",), "matvec_q8_0": ("avx2", "avxvnni"),
-                        "matvec_q4_0": ("avx2", "avxvnni")},
-               "avx512": {"quantize_q8_0": ("avx512",), "matvec_q8_0": ("avx512", "avx512vnni"),
-                          "matvec_q4_0": ("avx512", "avx512vnni")}},
+    "x86_64": {"avx2": {"quantize_q8_0": ("avx2",),
+                        **{f"{op}_{k}": ("avx2", "avxvnni") for op in ("matvec", "matmul") for k in ("q8_0", "q4_0")}},
+               "avx512": {"quantize_q8_0": ("avx512",),
+                          **{f"{op}_{k}": ("avx512", "avx512vnni") for op in ("matvec", "matmul")
+                             for k in ("q8_0", "q4_0")}}},
     "aarch64": {},
 }
 

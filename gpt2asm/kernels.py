@@ -1067,7 +1067,8 @@ class Kernels:
 
 Q0_QK = 32                                        # inputs per block
 Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}          # bytes per (tile, block) record
-Q0_MAX_IN = 1 << 20      # the decode kernels keep n_in/32 int32 block corrections on the stack (<= 128 KiB)
+Q0_MAX_IN = 1 << 15      # the kernels keep per-block tables on the stack: matvec n_in/32 int32 (<= 4 KiB),
+                         # matmul at least one token block's activation panel (n_in/32 * 320 bytes <= 320 KiB)
 # family -> (plain variant, VNNI variant, the CPU feature the VNNI one needs)
 Q0_VARIANTS = {"avx2": ("avx2", "avxvnni", "avx_vnni"), "avx512": ("avx512", "avx512vnni", "avx512_vnni")}
 
@@ -1114,6 +1115,12 @@ class Q0Kernels:
         # void gpt2asm_matvec_q4_0_<isa>(the same);
         self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{self.variant}", [P, P, P, P, P, N, N, N])
                           for k in Q0_RECORD}
+        # void gpt2asm_matmul_q8_0_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
+        #                                size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,
+        #                                size_t n_in, size_t tile_begin, size_t tile_end);
+        # void gpt2asm_matmul_q4_0_<isa>(the same);
+        self.matmul_fn = {k: self._bind(f"gpt2asm_matmul_{k}_{self.variant}", [P, P, N, P, N, P, P, N, N, N, N, N])
+                          for k in Q0_RECORD}
 
     def _bind(self, name: str, argtypes):
         try:
@@ -1144,33 +1151,54 @@ class Q0Kernels:
         self.quantize_q8_0(px, pq, pd, n_in)
         return xq, xd
 
-    def matvec(self, kind: str, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, b: np.ndarray | None = None,
-               y: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
-        """y[o] for tiles tile_begin .. tile_end-1 of the tiled records w (uint8, 64-byte aligned,
-        n_tiles * n_in/32 records); b, y float32 [64 * n_tiles] (b may be None)."""
+    def _weights(self, kind, w, n_in: int, b, tile_begin, tile_end) -> tuple[int, int, int | None, int, int]:
+        """Validate the tiled records w and the bias: (n_tiles, w address, b address or None, tb, te)."""
         if kind not in Q0_RECORD:
             raise InvalidArgumentError(f"kind must be one of {', '.join(Q0_RECORD)}, got {kind!r}")
-        if not isinstance(xq, np.ndarray):
-            raise InvalidArgumentError(f"xq: expected a numpy array, got {type(xq).__name__}")
-        n_in = self._n_in(xq.size)
         nb = n_in // Q0_QK
         if not isinstance(w, np.ndarray) or w.size == 0 or w.size % (nb * Q0_RECORD[kind]):
             raise InvalidArgumentError(f"w: expected {kind} records, a whole number of tiles of "
                                        f"{nb * Q0_RECORD[kind]} bytes for n_in {n_in}")
         nt = w.size // (nb * Q0_RECORD[kind])
         pw = check(w, "w", np.uint8, aligned=True)
-        pq = check(xq, "xq", np.int8, n_in)
-        pd = check(xd, "xd", np.float32, nb)
         pb = check(b, "b", np.float32, nt * TILE) if b is not None else None
-        y = np.empty(nt * TILE, np.float32) if y is None else y
-        py = check(y, "y", np.float32, nt * TILE, writable=True)
         te = nt if tile_end is None else tile_end
         for v, name in ((tile_begin, "tile_begin"), (te, "tile_end")):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
         if not 0 <= tile_begin <= te <= nt:
             raise InvalidArgumentError(f"tile range [{tile_begin}, {te}) not within 0..{nt}")
-        self.matvec_fn[kind](pw, pq, pd, pb, py, n_in, int(tile_begin), int(te))
+        return nt, pw, pb, int(tile_begin), int(te)
+
+    def matvec(self, kind: str, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, b: np.ndarray | None = None,
+               y: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
+        """y[o] for tiles tile_begin .. tile_end-1 of the tiled records w (uint8, 64-byte aligned,
+        n_tiles * n_in/32 records); b, y float32 [64 * n_tiles] (b may be None)."""
+        if not isinstance(xq, np.ndarray):
+            raise InvalidArgumentError(f"xq: expected a numpy array, got {type(xq).__name__}")
+        n_in = self._n_in(xq.size)
+        nt, pw, pb, tb, te = self._weights(kind, w, n_in, b, tile_begin, tile_end)
+        pq = check(xq, "xq", np.int8, n_in)
+        pd = check(xd, "xd", np.float32, n_in // Q0_QK)
+        y = np.empty(nt * TILE, np.float32) if y is None else y
+        py = check(y, "y", np.float32, nt * TILE, writable=True)
+        self.matvec_fn[kind](pw, pq, pd, pb, py, n_in, tb, te)
+        return y
+
+    def matmul(self, kind: str, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, b: np.ndarray | None = None,
+               y: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
+        """The prefill: xq int8 [T][n_in], xd float32 [T][n_in/32] (C-contiguous) -> y float32
+        [T][64 * n_tiles], each row the matvec of its token's row."""
+        if not (isinstance(xq, np.ndarray) and xq.ndim == 2 and xq.shape[0] >= 1):
+            raise InvalidArgumentError("xq: expected int8 rows [n_tokens][n_in]")
+        n_tok, n_in = xq.shape
+        n_in = self._n_in(n_in)
+        nt, pw, pb, tb, te = self._weights(kind, w, n_in, b, tile_begin, tile_end)
+        pq = check(xq, "xq", np.int8)
+        pd = check(xd, "xd", np.float32, n_tok * (n_in // Q0_QK))
+        y = np.empty((n_tok, nt * TILE), np.float32) if y is None else y
+        py = check(y, "y", np.float32, n_tok * nt * TILE, writable=True)
+        self.matmul_fn[kind](pw, pq, n_in, pd, n_in // Q0_QK, pb, py, nt * TILE, n_tok, n_in, tb, te)
         return y
 
 

@@ -49,6 +49,10 @@ def mv_symbol(kind: str, isa: str) -> str:
     return f"gpt2asm_matvec_{kind}_{isa}"
 
 
+def mm_symbol(kind: str, isa: str) -> str:
+    return f"gpt2asm_matmul_{kind}_{isa}"
+
+
 def load_lib() -> ctypes.CDLL:
     lib = mv.load_lib()                  # builds the library once per session, binds cpuid & co.
     for isa in QUANT_ISAS:
@@ -61,6 +65,13 @@ def load_lib() -> ctypes.CDLL:
             if fn is None:
                 continue
             fn.argtypes = [P, P, P, P, P, S, S, S]
+            fn.restype = None
+    for kind in KINDS:
+        for isa in MV_ISAS:
+            fn = getattr(lib, mm_symbol(kind, isa), None)
+            if fn is None:
+                continue
+            fn.argtypes = [P, P, S, P, S, P, P, S, S, S, S, S]
             fn.restype = None
     return lib
 
@@ -424,6 +435,164 @@ def test_matvec_page_guards():
 
 
 # --------------------------------------------------------------------------------------------------
+# the prefill kernels (matmul): every (token, output) the matvec's bits
+
+def strided(rows: np.ndarray, ld: int) -> np.ndarray:
+    """rows [n][w] -> a flat array holding row t at t*ld, exactly (n-1)*ld + w elements (the gaps: junk)."""
+    n, w = rows.shape
+    out = np.empty((n - 1) * ld + w, rows.dtype)
+    out.view(np.uint8)[:] = 0xA5
+    for t in range(n):
+        out[t * ld:t * ld + w] = rows[t]
+    return out
+
+
+def run_mm(mode, kind, isa, w, XQ, XD, b, nt, tb, te, pads=(0, 0, 0), seed=0) -> np.ndarray:
+    """Returns y as [n_tok][64*nt] (the ldy padding dropped)."""
+    n_tok, n_in = XQ.shape
+    nb = n_in // QK
+    ldq, ldd, ldy = n_in + pads[0], nb + pads[1], nt * TILE + pads[2]
+    xq, xd = strided(XQ, ldq), strided(XD, ldd)
+    y0 = np.full((n_tok - 1) * ldy + nt * TILE, Y_FILL, np.uint32).view(np.float32)
+    sym = mm_symbol(kind, isa)
+    if mode == "emu":
+        emu, _ = mv.emulator()
+        ws = np.array(w[:max(te * nb * RECORD[kind], 64)])
+        args = [np.array(a) if a is not None else None for a in (xq, xd, b)]
+        for a in [ws] + args:
+            if a is not None:
+                a.flags.writeable = False
+        y = y0.copy()
+        emu.call(sym, ws, args[0], ldq, args[1], ldd, args[2], y, ldy, n_tok, n_in, tb, te, ret=None, timeout=600)
+    else:
+        lib = load_lib()
+        mis = seed % 61
+        wg = Guarded(w.nbytes, 0, seed).put(w)
+        qg = Guarded(xq.nbytes, (mis + 3) % 64, seed + 1).put(xq)
+        dg = Guarded(xd.nbytes, (mis * 4 + 8) % 64, seed + 2).put(xd)
+        bg = Guarded(b.nbytes, (mis * 4 + 4) % 64, seed + 3).put(b) if b is not None else None
+        yg = Guarded(y0.nbytes, (mis * 4 + 12) % 64, seed + 4).put(y0)
+        getattr(lib, sym)(wg.addr, qg.addr, ldq, dg.addr, ldd, bg.addr if bg else None, yg.addr, ldy,
+                          n_tok, n_in, tb, te)
+        mv.check_guarded(f"{sym} (native)", ((wg, w, "w"), (qg, xq, "xq"), (dg, xd, "xd"), (bg, b, "b"),
+                                             (yg, None, "y")))
+        y = yg.get(np.float32)
+    full = np.full((n_tok, ldy), Y_FILL, np.uint32).view(np.float32)
+    full.reshape(-1)[:y.size] = y
+    assert (full[:, nt * TILE:].view(np.uint32) == Y_FILL).all(), f"{sym} ({mode}): wrote into the ldy gap"
+    return full[:, :nt * TILE]
+
+
+def check_mm(modes, kind, isa, w, XQ, XD, b, nt, tb, te, pads=(0, 0, 0), seed=0):
+    n_tok, n_in = XQ.shape
+    q, dw = q0ref.untile(w, kind, nt * TILE, n_in)
+    exp = np.stack([q0ref.matvec(q, dw, XQ[t], XD[t], b) for t in range(n_tok)])
+    lo, hi = TILE * tb, TILE * te
+    for mode in modes:
+        name = f"{mm_symbol(kind, isa)} ({mode}) n_tok={n_tok} n_in={n_in} tiles [{tb},{te})"
+        y = run_mm(mode, kind, isa, w, XQ, XD, b, nt, tb, te, pads, seed)
+        outside = np.r_[0:lo, hi:nt * TILE]
+        assert (y[:, outside].view(np.uint32) == Y_FILL).all(), f"{name}: wrote outputs outside the tile range"
+        ok = same_bits(y[:, lo:hi], exp[:, lo:hi])
+        assert ok.all(), (f"{name}: differs from the matvec model at (token, output) "
+                          f"{[(int(a), int(c) + lo) for a, c in zip(*np.nonzero(~ok))][:6]}")
+
+
+def acts(rng, n_tok: int, n_in: int):
+    rows = [act(rng, n_in, special=t % 4 == 3) for t in range(n_tok)]
+    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+@pytest.mark.parametrize("n_tok", [1, 2, 5, 6, 7, 8, 9, 13, 17])
+def test_matmul_tokens(mvvar, n_tok):
+    """Every token count around the register blocks (6 for ymm, 8 for zmm), strided rows, tile ranges."""
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(40 + n_tok)
+    for k, (n_in, nt, tb, te, n_out) in enumerate(((64, 3, 0, 3, 150), (96, 4, 1, 3, 256), (32, 2, 1, 2, 128))):
+        q, dw = make_weights(rng, kind, n_out, n_in, every_value=k == 1)
+        w = q0ref.tile(q, dw, kind)
+        XQ, XD = acts(rng, n_tok, n_in)
+        b = rng.standard_normal(nt * TILE).astype(np.float32) if k != 1 else None
+        check_mm(modes, kind, isa, w, XQ, XD, b, nt, tb, te, pads=(k * 5, k * 3, k * 7), seed=k + n_tok)
+
+
+@pytest.mark.parametrize("n_in", [800, 3072])
+def test_matmul_large(mvvar, n_in):
+    """Odd block counts and, at 3072 inputs with 50 tokens, several super-chunks of the activation panel."""
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(n_in + 1)
+    n_tok = 50 if n_in == 3072 else 11
+    q, dw = make_weights(rng, kind, 128, n_in)
+    w = q0ref.tile(q, dw, kind)
+    XQ, XD = acts(rng, n_tok, n_in)
+    b = rng.standard_normal(128).astype(np.float32)
+    native = [m for m in modes if m == "native"]
+    check_mm(native or modes, kind, isa, w, XQ, XD, b, 2, 0, 2, pads=(32, 1, 64))
+    if native and "emu" in modes and n_in == 800:
+        check_mm(["emu"], kind, isa, w, XQ[:9], XD[:9], b, 2, 1, 2)
+
+
+def test_matmul_empty(mvvar):
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(2)
+    q, dw = make_weights(rng, kind, 128, 64)
+    w = q0ref.tile(q, dw, kind)
+    XQ, XD = acts(rng, 3, 64)
+    for tb in (0, 1, 2):
+        check_mm(modes, kind, isa, w, XQ, XD, None, 2, tb, tb)
+    sym = mm_symbol(kind, isa)
+    if "native" in modes:                                 # n_tokens = 0: nothing is touched (NULL pointers)
+        getattr(load_lib(), sym)(None, None, 64, None, 2, None, None, 128, 0, 64, 0, 2)
+
+
+def test_matmul_page_guards():
+    """Natively, in a child: w (only the range's tiles), xq, xd, b, y (exactly (n-1)*ld + width elements)
+    butting against PROT_NONE pages on either side, every variant the CPU has."""
+    lib = load_lib()
+    have = native_isas(lib)
+    todo = [(k, i) for k, i in MV_CASES if i in have]
+    if not todo:
+        pytest.skip("no variant runs natively")
+    rng = np.random.default_rng(19)
+    jobs = []
+    for kind in KINDS:
+        for n_in, nt, tb, te, n_tok in ((32, 3, 1, 3, 7), (96, 2, 0, 2, 9), (800, 2, 1, 2, 3)):
+            q, dw = make_weights(rng, kind, nt * TILE, n_in)
+            w = q0ref.tile(q, dw, kind)
+            XQ, XD = acts(rng, n_tok, n_in)
+            b = rng.standard_normal(nt * TILE).astype(np.float32)
+            qq, dd = q0ref.untile(w, kind, nt * TILE, n_in)
+            exp = np.stack([q0ref.matvec(qq, dd, XQ[t], XD[t], b) for t in range(n_tok)])
+            jobs.append((kind, w, XQ, XD, b, nt, tb, te, exp))
+
+    def child() -> bool:
+        ok = True
+        for kind, isa in todo:
+            fn = getattr(lib, mm_symbol(kind, isa))
+            for _, w, XQ, XD, b, nt, tb, te, exp in (j for j in jobs if j[0] == kind):
+                n_tok, n_in = XQ.shape
+                nb = n_in // QK
+                tile_bytes = nb * RECORD[kind]
+                ldq, ldd, ldy = n_in + 1, nb + 2, (te - tb) * TILE + 3
+                for at_end in (True, False):
+                    wg = PageFenced((te - tb) * tile_bytes, at_end).put(w[tb * tile_bytes:te * tile_bytes])
+                    qg = PageFenced((n_tok - 1) * ldq + n_in, at_end).put(strided(XQ, ldq))
+                    dg = PageFenced(4 * ((n_tok - 1) * ldd + nb), at_end).put(strided(XD, ldd))
+                    bs = b[TILE * tb:TILE * te]
+                    bg = PageFenced(bs.nbytes, at_end).put(bs)
+                    yg = PageFenced(4 * ((n_tok - 1) * ldy + bs.size), at_end)
+                    if wg.addr % 64:
+                        return False
+                    fn(wg.addr - tb * tile_bytes, qg.addr, ldq, dg.addr, ldd, bg.addr - 4 * TILE * tb,
+                       yg.addr - 4 * TILE * tb, ldy, n_tok, n_in, tb, te)
+                    y = yg.get(np.float32)
+                    for t in range(n_tok):
+                        ok &= bool(same_bits(y[t * ldy:t * ldy + bs.size], exp[t, TILE * tb:TILE * te]).all())
+        return ok
+    run_forked(child)
+
+
+# --------------------------------------------------------------------------------------------------
 # the Python bindings (gpt2asm.kernels.Q0Kernels): variant choice and argument checks
 
 def test_bindings_variants_and_checks(monkeypatch):
@@ -449,6 +618,14 @@ def test_bindings_variants_and_checks(monkeypatch):
                 b = rng.standard_normal(128).astype(np.float32)
                 y = k.matvec(kind, w, xq, xd, b)
                 assert same_bits(y, mv_ref(kind, w, n_in, 2, xq, xd, b)).all()
+                XQ, XD = acts(rng, 7, n_in)
+                Y = k.matmul(kind, w, XQ, XD, b)
+                for t in range(7):
+                    assert same_bits(Y[t], mv_ref(kind, w, n_in, 2, XQ[t], XD[t], b)).all()
+                with pytest.raises(InvalidArgumentError):
+                    k.matmul(kind, w, XQ, XD[:6], b)
+                with pytest.raises(InvalidArgumentError):
+                    k.matmul(kind, w, XQ[:, :64], XD, b)
                 for bad in (dict(kind="q5_0"), dict(w=w[1:]), dict(w=w.view(np.int8)), dict(xq=xq[:64]),
                             dict(xd=xd[:2]), dict(b=b[:64]), dict(tile_end=3), dict(tile_begin=2, tile_end=1),
                             dict(y=np.empty(128, np.float64))):
