@@ -593,6 +593,52 @@ def test_matmul_page_guards():
 
 
 # --------------------------------------------------------------------------------------------------
+# instruction sets: each variant uses only what its CPUID check promises (objdump)
+
+def disassembly() -> dict[str, list[str]]:
+    import shutil
+    import subprocess
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump")
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(mv.LIB_PATH)], capture_output=True,
+                          text=True, check=True).stdout
+    out, cur = {}, None
+    for line in text.splitlines():
+        if line.endswith(">:"):
+            cur = line.split("<")[1][:-2]
+            out[cur] = []
+        elif cur and "\t" in line:
+            out[cur].append(line.split("\t")[-1].strip())
+    return out
+
+
+def test_instruction_sets():
+    """avx2 / avxvnni kernels: no EVEX (no zmm, no mask or xmm16+ registers), avxvnni's vpdpbusd VEX-encoded
+    (an EVEX ymm vpdpbusd needs AVX512VL + VNNI and faults on an AVX-VNNI-only CPU); the plain avx2 / avx512
+    kernels: no vpdpbusd; the avx512 ones: no AVX-VNNI (VEX) encoding."""
+    import re
+    dis = disassembly()
+    evex = re.compile(r"%zmm|%k[0-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|\{1to")
+    for kind in KINDS:
+        for isa in MV_ISAS:
+            for sym in (mv_symbol(kind, isa), mm_symbol(kind, isa)):
+                ins = dis[sym]
+                dots = [i for i in ins if "vpdpbusd" in i]
+                if isa in ("avx2", "avxvnni"):
+                    bad = [i for i in ins if evex.search(i)]
+                    assert not bad, f"{sym}: EVEX-only instructions {bad[:3]}"
+                if isa in ("avx2", "avx512"):
+                    assert not dots, f"{sym}: VNNI instructions {dots[:3]}"
+                elif isa == "avxvnni":
+                    assert dots and all(i.startswith("{vex}") for i in dots), f"{sym}: {dots[:3]}"
+                else:
+                    assert dots and not any(i.startswith("{vex}") for i in dots), f"{sym}: {dots[:3]}"
+    bad = [i for i in dis[quant_symbol("avx2")] if evex.search(i)]
+    assert not bad, f"{quant_symbol('avx2')}: {bad[:3]}"
+
+
+# --------------------------------------------------------------------------------------------------
 # the Python bindings (gpt2asm.kernels.Q0Kernels): variant choice and argument checks
 
 def test_bindings_variants_and_checks(monkeypatch):

@@ -32,17 +32,17 @@ endconst
         .macro  mq_consts
         movrel  %rbx, q0_mm_avx512
         vpbroadcastd MQ_ONES(%rbx), %zmm22
-        vpxord  %xmm21, %xmm21, %xmm21
+        vpxord  %zmm21, %zmm21, %zmm21
         .endm
 
         .macro  mq_exit
-        vpxord  %xmm16, %xmm16, %xmm16
-        vpxord  %xmm17, %xmm17, %xmm17
-        vpxord  %xmm18, %xmm18, %xmm18
-        vpxord  %xmm19, %xmm19, %xmm19
-        vpxord  %xmm20, %xmm20, %xmm20
-        vpxord  %xmm21, %xmm21, %xmm21
-        vpxord  %xmm22, %xmm22, %xmm22
+        vpxord  %zmm16, %zmm16, %zmm16
+        vpxord  %zmm17, %zmm17, %zmm17
+        vpxord  %zmm18, %zmm18, %zmm18
+        vpxord  %zmm19, %zmm19, %zmm19
+        vpxord  %zmm20, %zmm20, %zmm20
+        vpxord  %zmm21, %zmm21, %zmm21
+        vpxord  %zmm22, %zmm22, %zmm22
         vzeroupper
         ret
         .endm
