@@ -532,6 +532,21 @@ def test_matmul_large(mvvar, n_in):
         check_mm(["emu"], kind, isa, w, XQ[:9], XD[:9], b, 2, 1, 2)
 
 
+def test_matmul_wide_rows(mvvar):
+    """n_in = 16384: one token block's panel (512 blocks x 40 x TB bytes) exceeds the 128 KiB budget, so
+    every super-chunk is a single token block (natively only: a long emulation)."""
+    kind, isa, modes = mvvar
+    if "native" not in modes:
+        pytest.skip("native only")
+    rng = np.random.default_rng(77)
+    n_in, n_tok = 16384, 10
+    q, dw = make_weights(rng, kind, 64, n_in)
+    w = q0ref.tile(q, dw, kind)
+    XQ, XD = acts(rng, n_tok, n_in)
+    check_mm(["native"], kind, isa, w, XQ, XD, None, 1, 0, 1)
+    check_mv(["native"], kind, isa, w, XQ[3], XD[3], None, 1, 0, 1)
+
+
 def test_matmul_empty(mvvar):
     kind, isa, modes = mvvar
     rng = np.random.default_rng(2)
@@ -778,6 +793,34 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
                 best[name] = min(best.get(name, 1e9), (clock() - t0) / reps)
         print(f"in L2 ({kind}, {per >> 10} KiB, best of 7 x {reps} calls, ~1-4 us of ctypes per call): " +
               ", ".join(f"{n} {per / t / 1e9:.1f} GB/s" for n, t in best.items()))
+    # prefill: one 768 x 3072 matrix (mlp.c_fc) for 128 tokens, in cache, against the fp32 matmul
+    n_in, n_out, n_tok = 768, 3072, 128
+    nt = n_out // TILE
+    XQ = np.full((n_tok, n_in), 5, np.int8)
+    XD = np.full((n_tok, n_in // QK), 0.01, np.float32)
+    Y = np.empty((n_tok, n_out), np.float32)
+    macs = n_in * n_out * n_tok
+    rows = []
+    for fam in ("avx2", "avx512"):
+        f32 = getattr(lib, f"gpt2asm_matmul_f32_{fam}", None)
+        if f32 is not None and fam in cpu_isas(lib):
+            f32.argtypes = [P, P, S, P, P, S, S, S, S, S]
+            f32.restype = None
+            W = np.full(nt * n_in * TILE + 16, 0.001, np.float32)
+            W = W[(-W.ctypes.data // 4) % 16:][:nt * n_in * TILE]
+            X = np.ones((n_tok, n_in), np.float32)
+            rows.append((f"gpt2asm_matmul_f32_{fam}", lambda f=f32, W=W, X=X: f(
+                W.ctypes.data, X.ctypes.data, n_in, None, Y.ctypes.data, n_out, n_tok, n_in, 0, nt)))
+    for kind in KINDS:
+        for isa in MV_ISAS:
+            if isa in have:
+                fn = getattr(lib, mm_symbol(kind, isa))
+                rows.append((mm_symbol(kind, isa), lambda f=fn: f(
+                    base, XQ.ctypes.data, n_in, XD.ctypes.data, n_in // QK, None, Y.ctypes.data, n_out, n_tok,
+                    n_in, 0, nt)))
+    for name, call in rows:
+        best = min((lambda t0: (call(), clock() - t0)[1])(clock()) for _ in range(7))
+        print(f"prefill {name:32s} {n_in}x{n_out}, {n_tok} tokens: {best * 1e3:8.2f} ms  {macs / best / 1e9:7.1f} GMAC/s")
     # the activation quantizer, per row of 768 / 3072
     for isa in QUANT_ISAS:
         if isa in have:
