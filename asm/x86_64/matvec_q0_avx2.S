@@ -20,7 +20,7 @@
  *                 then s = vpmaddwd(p16, 1) - 8 * sum(xq of block)
  *   q4_0 avxvnni  s += vpdpbusd(u_lo, X_g) + vpdpbusd(u_hi, X_g+4); s starts at -8 * sum(xq of block)
  * All exact, so every variant gives the contract's bits.  Per 64 weight bytes: q8_0 avx2 10 vector ops
- * (2+2 loads), avxvnni 4; q4_0 (128 weights) avx2 14, avxvnni 12.  What is measured later (make bench;
+ * (+4 loads), avxvnni 4; q4_0 (128 weights) avx2 14, avxvnni 10.  What is measured later (make bench;
  * python tests/test_kernels_q0.py --bench): GB/s of weights streamed against a plain read.
  *
  * Registers: see matvec_q0.h; ymm0 X (then xd[b]), ymm1 1 (int16) / 0x80 bytes / X_g+4, ymm2-3 temps,
