@@ -1151,6 +1151,12 @@ class Q0Kernels:
         self.quantize_q8_0(px, pq, pd, n_in)
         return xq, xd
 
+    @staticmethod
+    def _range(xq: np.ndarray) -> None:
+        """xq must be the quantizer's -127..127: the plain q8_0 variants' sign trick is wrong for -128."""
+        if int(xq.min()) == -128:
+            raise InvalidArgumentError("xq: -128 is outside the activation quantizer's range -127..127")
+
     def _weights(self, kind, w, n_in: int, b, tile_begin, tile_end) -> tuple[int, int, int | None, int, int]:
         """Validate the tiled records w and the bias: (n_tiles, w address, b address or None, tb, te)."""
         if kind not in Q0_RECORD:
@@ -1179,6 +1185,7 @@ class Q0Kernels:
         n_in = self._n_in(xq.size)
         nt, pw, pb, tb, te = self._weights(kind, w, n_in, b, tile_begin, tile_end)
         pq = check(xq, "xq", np.int8, n_in)
+        self._range(xq)
         pd = check(xd, "xd", np.float32, n_in // Q0_QK)
         y = np.empty(nt * TILE, np.float32) if y is None else y
         py = check(y, "y", np.float32, nt * TILE, writable=True)
@@ -1195,6 +1202,7 @@ class Q0Kernels:
         n_in = self._n_in(n_in)
         nt, pw, pb, tb, te = self._weights(kind, w, n_in, b, tile_begin, tile_end)
         pq = check(xq, "xq", np.int8)
+        self._range(xq)
         pd = check(xd, "xd", np.float32, n_tok * (n_in // Q0_QK))
         y = np.empty((n_tok, nt * TILE), np.float32) if y is None else y
         py = check(y, "y", np.float32, n_tok * nt * TILE, writable=True)

@@ -687,6 +687,12 @@ def test_bindings_variants_and_checks(monkeypatch):
                     k.matmul(kind, w, XQ, XD[:6], b)
                 with pytest.raises(InvalidArgumentError):
                     k.matmul(kind, w, XQ[:, :64], XD, b)
+                bad_q = xq.copy()
+                bad_q[5] = -128
+                with pytest.raises(InvalidArgumentError):
+                    k.matvec(kind, w, bad_q, xd, b)
+                with pytest.raises(InvalidArgumentError):
+                    k.matmul(kind, w, np.stack([xq, bad_q]), np.stack([xd, xd]), b)
                 for bad in (dict(kind="q5_0"), dict(w=w[1:]), dict(w=w.view(np.int8)), dict(xq=xq[:64]),
                             dict(xd=xd[:2]), dict(b=b[:64]), dict(tile_end=3), dict(tile_begin=2, tile_end=1),
                             dict(y=np.empty(128, np.float64))):
