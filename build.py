@@ -115,6 +115,24 @@ EXTRA_OPS = {
                          "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
+# the q8_0 / q4_0 integer kernels (docs/kernels-q0.md): per family, op -> its ISA variants, each exported as
+# gpt2asm_<op>_<variant> (gpt2asm/kernels.py picks the best variant the CPU has: Q0_VARIANTS there).
+# check_exports requires every variant of a family like its FAMILY_OPS.
+VARIANT_OPS = {
+    "x86_64": {"avx2": {"quantize_q8_0": ("avx2",),
+                        **{f"{op}_{k}": ("avx2", "avxvnni") for op in ("matvec", "matmul") for k in ("q8_0", "q4_0")}},
+               "avx512": {"quantize_q8_0": ("avx512",),
+                          **{f"{op}_{k}": ("avx512", "avx512vnni") for op in ("matvec", "matmul")
+                             for k in ("q8_0", "q4_0")}}},
+    "aarch64": {},
+}
+
+
+def variant_symbols(arch: str, family: str) -> list[str]:
+    """The exported q8_0 / q4_0 kernel variants of a family (VARIANT_OPS)."""
+    return [f"gpt2asm_{op}_{v}" for op, vs in VARIANT_OPS[arch].get(family, {}).items() for v in vs]
+
+
 # bound by gpt2asm/lib.py and gpt2asm/cpu.py whatever the family (gpt2asm_plan_abi, the table of
 # asm/plan_abi.h: by tests/test_plan_abi.py)
 COMMON_SYMBOLS = {
@@ -182,6 +200,7 @@ def check_exports(lib: Path, arch: str, strict: bool = False) -> list[str]:
     for fam in FAMILY_OPS[arch]:
         want = bound_symbols(arch, fam)[len(COMMON_SYMBOLS[arch]) + len(TOOL_SYMBOLS[arch]):]
         want += [f"gpt2asm_{op}_{fam}" for op in EXTRA_OPS[arch].get(fam, ())]
+        want += variant_symbols(arch, fam)
         missing = [s for s in want if s not in have]
         if missing and (strict or len(missing) < len(want)):
             problems.append(f"family {fam}: {len(missing)} of {len(want)} symbols missing: {', '.join(missing)}")
@@ -196,8 +215,9 @@ def report_exports(lib: Path, arch: str, strict: bool = False) -> bool:
         print(f"build.py: export check skipped: {e}", file=sys.stderr)
         return not strict
     have = exported_symbols(lib)
-    fams = [f"{fam} {sum(f'gpt2asm_{op}_{fam}' in have for op in ops)}/{len(ops)}"
-            for fam, ops in ((f, o + EXTRA_OPS[arch].get(f, ())) for f, o in FAMILY_OPS[arch].items())]
+    fams = [f"{fam} {sum(s in have for s in syms)}/{len(syms)}"
+            for fam, syms in ((f, [f"gpt2asm_{op}_{f}" for op in o + EXTRA_OPS[arch].get(f, ())]
+                               + variant_symbols(arch, f)) for f, o in FAMILY_OPS[arch].items())]
     print(f"exports of {lib.name} ({arch}): common {len(COMMON_SYMBOLS[arch])} ok"
           if not problems else f"exports of {lib.name} ({arch}): PROBLEMS", end="", file=sys.stderr)
     print(f"; families: {', '.join(fams)}", file=sys.stderr)

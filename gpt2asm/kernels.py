@@ -397,6 +397,155 @@ class Kernels:
         return out
 
 
+# --------------------------------------------------------------------------------------------------
+# q8_0 / q4_0 integer kernels (docs/kernels-q0.md): one contiguous block (variant choice, bindings,
+# checked wrappers), independent of Kernels above
+
+Q0_QK = 32                                        # inputs per block
+Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}          # bytes per (tile, block) record
+Q0_MAX_IN = 1 << 15      # the kernels keep per-block tables on the stack: matvec n_in/32 int32 (<= 4 KiB),
+                         # matmul at least one token block's activation panel (n_in/32 * 320 bytes <= 320 KiB)
+# family -> (plain variant, VNNI variant, the CPU feature the VNNI one needs)
+Q0_VARIANTS = {"avx2": ("avx2", "avxvnni", "avx_vnni"), "avx512": ("avx512", "avx512vnni", "avx512_vnni")}
+
+
+def q0_features() -> dict[str, bool]:
+    """The CPU features the q0 variants need beyond their family: avx512bw, avx512_vnni
+    (CPUID.(7,0):EBX[30], ECX[11]) and avx_vnni (CPUID.(7,1):EAX[4])."""
+    if ARCH != "x86_64" or cpuid(0)[0] < 7:
+        return {"avx512bw": False, "avx512_vnni": False, "avx_vnni": False}
+    eax7, ebx7, ecx7, _ = cpuid(7, 0)
+    return {"avx512bw": bool(ebx7 >> 30 & 1), "avx512_vnni": bool(ecx7 >> 11 & 1),
+            "avx_vnni": eax7 >= 1 and bool(cpuid(7, 1)[0] >> 4 & 1)}
+
+
+def q0_variant(family: str, plain: bool | None = None) -> str:
+    """The q0 kernel variant for a kernel family: its VNNI variant where the CPU has it, else the plain
+    one (plain=True, or $GPT2ASM_Q0_PLAIN=1, forces the plain one).  The avx512 variants need AVX512BW
+    too; an avx512 family without it uses the avx2 family's variant."""
+    if family not in Q0_VARIANTS:
+        raise KernelUnavailableError(f"no q8_0 / q4_0 kernels for the {family!r} family yet")
+    if plain is None:
+        plain = os.environ.get("GPT2ASM_Q0_PLAIN", "") not in ("", "0")
+    f = q0_features()
+    if family == "avx512" and not f["avx512bw"]:
+        family = "avx2"
+    base, vnni, feat = Q0_VARIANTS[family]
+    return vnni if f[feat] and not plain else base
+
+
+class Q0Kernels:
+    """One q0 variant bound (quantizer of its width, q8_0 and q4_0 matvec).  Methods take numpy arrays
+    and validate them before anything reaches the assembly."""
+
+    def __init__(self, family: str | int | None = None, plain: bool | None = None):
+        self.lib = load_library()
+        self.family = choose_family(family)
+        self.variant = q0_variant(self.family, plain)
+        qisa = "avx512" if self.variant.startswith("avx512") else "avx2"
+        P, N = c_void_p, c_size_t
+        # void gpt2asm_quantize_q8_0_<isa>(const float *x, int8_t *xq, float *xd, size_t n_in);
+        self.quantize_q8_0 = self._bind(f"gpt2asm_quantize_q8_0_{qisa}", [P, P, P, N])
+        # void gpt2asm_matvec_q8_0_<isa>(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
+        #                                float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+        # void gpt2asm_matvec_q4_0_<isa>(the same);
+        self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{self.variant}", [P, P, P, P, P, N, N, N])
+                          for k in Q0_RECORD}
+        # void gpt2asm_matmul_q8_0_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
+        #                                size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,
+        #                                size_t n_in, size_t tile_begin, size_t tile_end);
+        # void gpt2asm_matmul_q4_0_<isa>(the same);
+        self.matmul_fn = {k: self._bind(f"gpt2asm_matmul_{k}_{self.variant}", [P, P, N, P, N, P, P, N, N, N, N, N])
+                          for k in Q0_RECORD}
+
+    def _bind(self, name: str, argtypes):
+        try:
+            fn = getattr(self.lib, name)
+        except AttributeError:
+            raise LibraryError(f"{name} is missing from the library: rebuild with `make build`") from None
+        fn.argtypes = argtypes
+        fn.restype = None
+        return fn
+
+    @staticmethod
+    def _n_in(n_in) -> int:
+        if isinstance(n_in, bool) or not isinstance(n_in, (int, np.integer)) or not (
+                0 < n_in <= Q0_MAX_IN and n_in % Q0_QK == 0):
+            raise InvalidArgumentError(f"n_in must be a multiple of {Q0_QK} in {Q0_QK}..{Q0_MAX_IN}, got {n_in!r}")
+        return int(n_in)
+
+    def quantize(self, x: np.ndarray, xq: np.ndarray | None = None, xd: np.ndarray | None = None):
+        """x float32 [n_in] -> (xq int8 [n_in], xd float32 [n_in/32]) (written into xq, xd if given)."""
+        if not isinstance(x, np.ndarray):
+            raise InvalidArgumentError(f"x: expected a numpy array, got {type(x).__name__}")
+        n_in = self._n_in(x.size)
+        xq = np.empty(n_in, np.int8) if xq is None else xq
+        xd = np.empty(n_in // Q0_QK, np.float32) if xd is None else xd
+        px = check(x, "x", np.float32, n_in)
+        pq = check(xq, "xq", np.int8, n_in, writable=True)
+        pd = check(xd, "xd", np.float32, n_in // Q0_QK, writable=True)
+        self.quantize_q8_0(px, pq, pd, n_in)
+        return xq, xd
+
+    @staticmethod
+    def _range(xq: np.ndarray) -> None:
+        """xq must be the quantizer's -127..127: the plain q8_0 variants' sign trick is wrong for -128."""
+        if int(xq.min()) == -128:
+            raise InvalidArgumentError("xq: -128 is outside the activation quantizer's range -127..127")
+
+    def _weights(self, kind, w, n_in: int, b, tile_begin, tile_end) -> tuple[int, int, int | None, int, int]:
+        """Validate the tiled records w and the bias: (n_tiles, w address, b address or None, tb, te)."""
+        if kind not in Q0_RECORD:
+            raise InvalidArgumentError(f"kind must be one of {', '.join(Q0_RECORD)}, got {kind!r}")
+        nb = n_in // Q0_QK
+        if not isinstance(w, np.ndarray) or w.size == 0 or w.size % (nb * Q0_RECORD[kind]):
+            raise InvalidArgumentError(f"w: expected {kind} records, a whole number of tiles of "
+                                       f"{nb * Q0_RECORD[kind]} bytes for n_in {n_in}")
+        nt = w.size // (nb * Q0_RECORD[kind])
+        pw = check(w, "w", np.uint8, aligned=True)
+        pb = check(b, "b", np.float32, nt * TILE) if b is not None else None
+        te = nt if tile_end is None else tile_end
+        for v, name in ((tile_begin, "tile_begin"), (te, "tile_end")):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
+        if not 0 <= tile_begin <= te <= nt:
+            raise InvalidArgumentError(f"tile range [{tile_begin}, {te}) not within 0..{nt}")
+        return nt, pw, pb, int(tile_begin), int(te)
+
+    def matvec(self, kind: str, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, b: np.ndarray | None = None,
+               y: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
+        """y[o] for tiles tile_begin .. tile_end-1 of the tiled records w (uint8, 64-byte aligned,
+        n_tiles * n_in/32 records); b, y float32 [64 * n_tiles] (b may be None)."""
+        if not isinstance(xq, np.ndarray):
+            raise InvalidArgumentError(f"xq: expected a numpy array, got {type(xq).__name__}")
+        n_in = self._n_in(xq.size)
+        nt, pw, pb, tb, te = self._weights(kind, w, n_in, b, tile_begin, tile_end)
+        pq = check(xq, "xq", np.int8, n_in)
+        self._range(xq)
+        pd = check(xd, "xd", np.float32, n_in // Q0_QK)
+        y = np.empty(nt * TILE, np.float32) if y is None else y
+        py = check(y, "y", np.float32, nt * TILE, writable=True)
+        self.matvec_fn[kind](pw, pq, pd, pb, py, n_in, tb, te)
+        return y
+
+    def matmul(self, kind: str, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, b: np.ndarray | None = None,
+               y: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
+        """The prefill: xq int8 [T][n_in], xd float32 [T][n_in/32] (C-contiguous) -> y float32
+        [T][64 * n_tiles], each row the matvec of its token's row."""
+        if not (isinstance(xq, np.ndarray) and xq.ndim == 2 and xq.shape[0] >= 1):
+            raise InvalidArgumentError("xq: expected int8 rows [n_tokens][n_in]")
+        n_tok, n_in = xq.shape
+        n_in = self._n_in(n_in)
+        nt, pw, pb, tb, te = self._weights(kind, w, n_in, b, tile_begin, tile_end)
+        pq = check(xq, "xq", np.int8)
+        self._range(xq)
+        pd = check(xd, "xd", np.float32, n_tok * (n_in // Q0_QK))
+        y = np.empty((n_tok, nt * TILE), np.float32) if y is None else y
+        py = check(y, "y", np.float32, n_tok * nt * TILE, writable=True)
+        self.matmul_fn[kind](pw, pq, n_in, pd, n_in // Q0_QK, pb, py, nt * TILE, n_tok, n_in, tb, te)
+        return y
+
+
 _LIVE: "weakref.WeakSet[Kernels]" = weakref.WeakSet()
 
 

@@ -1,0 +1,313 @@
+/*
+ * asm/x86_64/matmul_q0.h -- the driver of the q8_0 / q4_0 prefill (matrix-matrix) kernels, shared by
+ * matmul_q0_avx2.S and matmul_q0_avx512.S.
+ *
+ * Blocking.  Tokens are taken in super-chunks whose activation panel fits MQ_PANEL bytes of stack; for
+ * each super-chunk the driver first repacks every token's quantized row into the panel, by blocks of
+ * TB tokens (the ISA's register block): for token block k and input block b, at panel + (k*nb + b)*PB,
+ *     TB x 32 bytes xq[t][32b .. 32b+31]  |  TB x 4 bytes xd[t][b]  |  TB x 4 bytes -c * sum(xq[t] of b)
+ * (PB = 40*TB; c = 8 or 128: the correction of a biased unsigned operand, as in matvec_q0.h), so that the
+ * inner loop reaches every token's operands at constant offsets from one cursor.  Then, for each tile,
+ * for each block of TB (or, last, 1..TB-1) tokens, for each vector-wide sub-tile of outputs (8 outputs
+ * for ymm, 16 for zmm; NSUB per tile), the TB x sub-tile fp32 sums live in registers while the tile's
+ * records stream by: per record, the sub-tile's bytes of each group are loaded (and made into the dot
+ * operand: |w|, w ^ 0x80 or the nibbles) once and used by all TB tokens, then per token the contract's
+ * t = xd[b] * dw, acc = fma((float)s, t, acc).  The sub-tiles of a record are disjoint bytes, so each
+ * weight byte is loaded once per block of tokens (the tile's records stay in L2 between token blocks).
+ * Every (token, output) gets exactly the matvec's sequence, hence its bits.
+ *
+ * The including file defines MQ_TB, MQ_VL (vector bytes) and the macros
+ *     mq_consts (rbx = constants)   mq_zero mt   mq_blk mt (one record's sub-tile, mt tokens)   mq_store mt
+ *     mq_exit
+ * Registers in the inner loop: rdi record + VL*j (group data; also the sub-tile's y / b offset),
+ * r12 record + VL/2*j (scales), rax panel cursor, r11 blocks left, rbx constants;
+ * mq_store: r13 y of token 0 + VL*j, r14 ldy in bytes, r15 b + VL*j or 0.
+ */
+#ifndef GPT2ASM_X86_MATMUL_Q0_H
+#define GPT2ASM_X86_MATMUL_Q0_H
+
+#ifndef MQ_PANEL
+#  define MQ_PANEL 131072                       /* bytes of stack for the activation panel (at least one token block) */
+#endif
+        .set    MQ_PB, 40 * MQ_TB               // bytes of a panel block
+        .set    MQ_XD, 32 * MQ_TB               // offset of xd in a panel block
+        .set    MQ_CO, 36 * MQ_TB               // offset of the corrections
+
+        /* frame slots below rbp (after the 6 pushes: rbp, rbx, r12-r15) */
+        .set    F_W, -56                        // w + tile_begin tiles
+        .set    F_XQ, -64
+        .set    F_LDQ, -72
+        .set    F_XD, -80
+        .set    F_LDD, -88                      // bytes
+        .set    F_B, -96                        // b + 64*tile_begin, or 0
+        .set    F_Y, -104                       // y + 64*tile_begin
+        .set    F_LDY, -112                     // bytes
+        .set    F_NTOK, -120                    // tokens left after this super-chunk's start
+        .set    F_NB, -128
+        .set    F_TILES, -136
+        .set    F_TREC, -144                    // bytes of one tile's records
+        .set    F_NTBMAX, -152                  // token blocks per super-chunk
+        .set    F_NTC, -160                     // tokens in this super-chunk
+        .set    F_TILE, -168                    // tile index (relative)
+        .set    F_TBI, -176                     // token block index in the super-chunk
+        .set    F_MT, -184                      // tokens in this token block
+        .set    F_WT, -192                      // this tile's records
+        .set    F_PNL, -200                     // panel of this token block
+        .set    F_YT, -208                      // y of this token block's token 0, this tile
+        .set    F_BT, -216                      // b of this tile or 0
+        .set    F_PANEL, -224                   // the panel
+        .set    F_SUB, -232                     // sub-tile counter
+        .set    F_SIZE, 240
+
+        /* one sub-tile loop for \mt tokens (all NSUB sub-tiles of the tile) */
+        .macro  mq_tokens mt, rec, nsub
+        movq    $\nsub, F_SUB(%rbp)
+        movq    F_WT(%rbp), %rdi
+        movq    F_WT(%rbp), %r12
+        movq    F_YT(%rbp), %r13
+        movq    F_BT(%rbp), %r15
+1:
+        movq    F_PNL(%rbp), %rax
+        movq    F_NB(%rbp), %r11
+        mq_zero \mt
+        testq   %r11, %r11
+        jz      3f
+        pushq   %rdi
+        pushq   %r12
+2:
+        mq_blk  \mt
+        addq    $\rec, %rdi
+        addq    $\rec, %r12
+        addq    $MQ_PB, %rax
+        decq    %r11
+        jnz     2b
+        popq    %r12
+        popq    %rdi
+3:
+        movq    F_LDY(%rbp), %r14
+        pushq   %r13
+        mq_store \mt
+        popq    %r13
+        addq    $MQ_VL, %rdi
+        addq    $MQ_VL/2, %r12
+        addq    $MQ_VL, %r13
+        testq   %r15, %r15
+        jz      4f
+        addq    $MQ_VL, %r15
+4:
+        decq    F_SUB(%rbp)
+        jnz     1b
+        .endm
+
+        /* a last token block of 1 .. TB-1 tokens (rax): its own unrolled loop, then to \done */
+        .macro  mq_try m, rec, nsub, done
+        .if \m < MQ_TB
+        cmpq    $\m, %rax
+        jne     .Lno\@
+        mq_tokens \m, \rec, \nsub
+        jmp     \done
+.Lno\@:
+        .endif
+        .endm
+
+        .macro  mq_dispatch rec, nsub, done
+        .irp    m, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+        mq_try  \m, \rec, \nsub, \done
+        .endr
+        .endm
+
+        /* the whole kernel */
+        .macro  mm_q0 rec, csh, nsub
+        pushq   %rbp
+        movq    %rsp, %rbp
+        pushq   %rbx
+        pushq   %r12
+        pushq   %r13
+        pushq   %r14
+        pushq   %r15
+        subq    $F_SIZE-48+8, %rsp              // the slots (rsp stays 16-byte aligned)
+        /* (w, xq, ldq, xd, ldd, b | y, ldy, n_tokens, n_in, tile_begin, tile_end) at 16(%rbp) ... */
+        movq    48(%rbp), %r10                  // tile_begin
+        movq    56(%rbp), %r11                  // tile_end
+        subq    %r10, %r11
+        jbe     .Lret\@
+        movq    %r11, F_TILES(%rbp)
+        movq    32(%rbp), %rax                  // n_tokens
+        testq   %rax, %rax
+        jz      .Lret\@
+        movq    %rax, F_NTOK(%rbp)
+        movq    40(%rbp), %rax
+        shrq    $5, %rax
+        movq    %rax, F_NB(%rbp)
+        imulq   $\rec, %rax, %rax
+        movq    %rax, F_TREC(%rbp)
+        imulq   %r10, %rax
+        addq    %rax, %rdi
+        movq    %rdi, F_W(%rbp)
+        movq    %rsi, F_XQ(%rbp)
+        movq    %rdx, F_LDQ(%rbp)
+        movq    %rcx, F_XD(%rbp)
+        shlq    $2, %r8
+        movq    %r8, F_LDD(%rbp)
+        shlq    $8, %r10                        // 64 floats per tile
+        testq   %r9, %r9
+        jz      1f
+        addq    %r10, %r9
+1:
+        movq    %r9, F_B(%rbp)
+        movq    16(%rbp), %rax
+        addq    %r10, %rax
+        movq    %rax, F_Y(%rbp)
+        movq    24(%rbp), %rax
+        shlq    $2, %rax
+        movq    %rax, F_LDY(%rbp)
+        /* panel: token blocks per super-chunk = max(1, MQ_PANEL / (nb * PB)) */
+        movq    F_NB(%rbp), %rcx
+        imulq   $MQ_PB, %rcx, %rcx              // bytes per token block
+        movl    $1, %eax
+        testq   %rcx, %rcx
+        jz      2f
+        movl    $MQ_PANEL, %eax
+        xorl    %edx, %edx
+        divq    %rcx
+        testq   %rax, %rax
+        jnz     2f
+        movl    $1, %eax
+2:
+        movq    %rax, F_NTBMAX(%rbp)
+        imulq   %rax, %rcx
+        addq    $63, %rcx
+        andq    $-64, %rcx
+        subq    %rcx, %rsp
+        andq    $-64, %rsp
+        movq    %rsp, F_PANEL(%rbp)
+        mq_consts
+.Lsc\@:                                         // a super-chunk: tokens from F_XQ / F_XD / F_Y on
+        movq    F_NTBMAX(%rbp), %rax
+        imulq   $MQ_TB, %rax, %rax
+        movq    F_NTOK(%rbp), %rcx
+        cmpq    %rax, %rcx
+        cmovaq  %rax, %rcx
+        movq    %rcx, F_NTC(%rbp)
+        /* repack: for each token u (block u / TB, slot t = u % TB), for each input block */
+        movq    F_XQ(%rbp), %r13                // xq row
+        movq    F_XD(%rbp), %r14                // xd row
+        movq    F_PANEL(%rbp), %r12             // the token block's panel
+        xorl    %r10d, %r10d                    // t
+        movq    %rcx, %r15                      // tokens left
+        vpbroadcastd MQ_K80(%rbx), %ymm1
+        vpxor   %xmm0, %xmm0, %xmm0
+.Lpk_tok\@:
+        movq    %r10, %rdx
+        shlq    $5, %rdx
+        leaq    (%r12,%rdx), %rdi               // xq slot of token t, block 0
+        leaq    MQ_XD(%r12,%r10,4), %rsi        // xd slot
+        movq    %r13, %r8
+        movq    %r14, %r9
+        movq    F_NB(%rbp), %r11
+        testq   %r11, %r11
+        jz      4f
+3:
+        vmovdqu (%r8), %ymm2
+        vmovdqu %ymm2, (%rdi)
+        movl    (%r9), %eax
+        movl    %eax, (%rsi)
+        vpxor   %ymm1, %ymm2, %ymm2             // xq + 128
+        vpsadbw %ymm0, %ymm2, %ymm2
+        vextracti128 $1, %ymm2, %xmm3
+        vpaddq  %xmm3, %xmm2, %xmm2
+        vpshufd $0x4e, %xmm2, %xmm3
+        vpaddq  %xmm3, %xmm2, %xmm2
+        vmovd   %xmm2, %eax                     // sum(xq) + 4096
+        negl    %eax
+        addl    $4096, %eax
+        shll    $\csh, %eax                     // -c * sum(xq)
+        movl    %eax, MQ_CO-MQ_XD(%rsi)
+        addq    $32, %r8
+        addq    $4, %r9
+        addq    $MQ_PB, %rdi
+        addq    $MQ_PB, %rsi
+        decq    %r11
+        jnz     3b
+4:
+        addq    F_LDQ(%rbp), %r13
+        addq    F_LDD(%rbp), %r14
+        incq    %r10
+        cmpq    $MQ_TB, %r10
+        jb      5f
+        xorl    %r10d, %r10d
+        movq    F_NB(%rbp), %rax
+        imulq   $MQ_PB, %rax, %rax
+        addq    %rax, %r12
+5:
+        decq    %r15
+        jnz     .Lpk_tok\@
+        /* tiles */
+        movq    $0, F_TILE(%rbp)
+.Ltile\@:
+        movq    F_TILE(%rbp), %rax
+        movq    %rax, %rcx
+        imulq   F_TREC(%rbp), %rax
+        addq    F_W(%rbp), %rax
+        movq    %rax, F_WT(%rbp)
+        shlq    $8, %rcx
+        movq    F_B(%rbp), %rax
+        testq   %rax, %rax
+        jz      6f
+        addq    %rcx, %rax
+6:
+        movq    %rax, F_BT(%rbp)
+        addq    F_Y(%rbp), %rcx
+        movq    %rcx, F_YT(%rbp)
+        movq    F_PANEL(%rbp), %rax
+        movq    %rax, F_PNL(%rbp)
+        movq    F_NTC(%rbp), %rax
+        movq    %rax, F_MT(%rbp)                // tokens left in the super-chunk
+.Ltb\@:
+        movq    F_MT(%rbp), %rax
+        cmpq    $MQ_TB, %rax
+        jb      .Lpart\@
+        mq_tokens MQ_TB, \rec, \nsub
+        jmp     .Lnexttb\@
+.Lpart\@:
+        mq_dispatch \rec, \nsub, .Lnexttb\@
+.Lnexttb\@:
+        movq    F_NB(%rbp), %rax
+        imulq   $MQ_PB, %rax, %rax
+        addq    %rax, F_PNL(%rbp)
+        movq    F_LDY(%rbp), %rax
+        imulq   $MQ_TB, %rax, %rax
+        addq    %rax, F_YT(%rbp)
+        subq    $MQ_TB, F_MT(%rbp)
+        jbe     7f
+        jmp     .Ltb\@
+7:
+        incq    F_TILE(%rbp)
+        movq    F_TILE(%rbp), %rax
+        cmpq    F_TILES(%rbp), %rax
+        jb      .Ltile\@
+        /* next super-chunk */
+        movq    F_NTC(%rbp), %rax
+        subq    %rax, F_NTOK(%rbp)
+        jz      .Lret\@
+        movq    %rax, %rcx
+        imulq   F_LDQ(%rbp), %rcx
+        addq    %rcx, F_XQ(%rbp)
+        movq    %rax, %rcx
+        imulq   F_LDD(%rbp), %rcx
+        addq    %rcx, F_XD(%rbp)
+        imulq   F_LDY(%rbp), %rax
+        addq    %rax, F_Y(%rbp)
+        jmp     .Lsc\@
+.Lret\@:
+        leaq    -40(%rbp), %rsp
+        popq    %r15
+        popq    %r14
+        popq    %r13
+        popq    %r12
+        popq    %rbx
+        popq    %rbp
+        mq_exit
+        .endm
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * asm/x86_64/matmul_q0_avx512.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX-512 BW and
+ * AVX-512 VNNI (zmm).
+ *
+ * The sequence of matmul_q0_avx2.S with matmul_q0.h's blocking; register block 8 tokens x 16 outputs
+ * (one zmm): the 8 int32 block sums in zmm0-7, the 8 fp32 sums in zmm8-15.  Per record and sub-tile,
+ * each group's 64 weight bytes are loaded and made into the dot operand once (zmm16; q4_0: nibbles in
+ * zmm16 / zmm17), then per token:
+ *   q8_0 avx512      k1 = vpmovb2m(w), |w| once; per token X * sign(w) = X with -X where k1 (vpbroadcastd,
+ *                    masked vpsubb), s += vpmaddwd(vpmaddubsw(|w|, X * sign(w)), 1)
+ *   q8_0 avx512vnni  s += vpdpbusd(w ^ 0x80, X) with X an embedded {1to16} broadcast from the panel:
+ *                    one instruction per token and 64 weight bytes; s starts at -128 * sum(xq)
+ *   q4_0 avx512      p16 += vpmaddubsw(u_lo, X_g) + vpmaddubsw(u_hi, X_g+4); s = vpmaddwd(p16, 1) - 8 * sum
+ *   q4_0 avx512vnni  s += vpdpbusd(u_lo, X_g{1to16}) + vpdpbusd(u_hi, X_g+4{1to16}); s starts at -8 * sum
+ * then per token t = xd * dw, acc = fma((float)s, t, acc); y = acc + b.  zmm16-22 are zeroed before
+ * returning (vzeroupper does not clear them).  What is measured later: make bench's TTFT.
+ *
+ * Registers: matmul_q0.h's GPRs; zmm0-7 int sums, zmm8-15 fp32 sums, zmm16-17 weight operands (then dw),
+ * zmm18 X / xd, zmm19 products, zmm20 X * sign(w) / (float)s, zmm21 zero, zmm22 int16 ones, k1 signs.
+ */
+#include "asm.S"
+
+#define MQ_TB 8
+#define MQ_VL 64
+        .set    MQ_ONES, 0                      // int16 1 (two per dword)
+        .set    MQ_K80, 4                       // bytes 0x80
+        .set    MQ_M0F, 8                       // bytes 0x0f
+const q0_mm_avx512, 4
+        .long   0x00010001, 0x80808080, 0x0f0f0f0f, 0
+endconst
+
+        .macro  mq_consts
+        movrel  %rbx, q0_mm_avx512
+        vpbroadcastd MQ_ONES(%rbx), %zmm22
+        vpxord  %zmm21, %zmm21, %zmm21
+        .endm
+
+        .macro  mq_exit
+        vpxord  %zmm16, %zmm16, %zmm16
+        vpxord  %zmm17, %zmm17, %zmm17
+        vpxord  %zmm18, %zmm18, %zmm18
+        vpxord  %zmm19, %zmm19, %zmm19
+        vpxord  %zmm20, %zmm20, %zmm20
+        vpxord  %zmm21, %zmm21, %zmm21
+        vpxord  %zmm22, %zmm22, %zmm22
+        vzeroupper
+        ret
+        .endm
+
+        .macro  each_tok mt, m, a=0
+        \m      0, 0, 8, \a
+        .if \mt > 1
+        \m      1, 1, 9, \a
+        .endif
+        .if \mt > 2
+        \m      2, 2, 10, \a
+        .endif
+        .if \mt > 3
+        \m      3, 3, 11, \a
+        .endif
+        .if \mt > 4
+        \m      4, 4, 12, \a
+        .endif
+        .if \mt > 5
+        \m      5, 5, 13, \a
+        .endif
+        .if \mt > 6
+        \m      6, 6, 14, \a
+        .endif
+        .if \mt > 7
+        \m      7, 7, 15, \a
+        .endif
+        .endm
+
+        .macro  zero_f t, i, f, a
+        vpxord  %zmm\f, %zmm\f, %zmm\f
+        .endm
+        .macro  zero_i t, i, f, a
+        vpxord  %zmm\i, %zmm\i, %zmm\i
+        .endm
+        .macro  corr_i t, i, f, a
+        vpbroadcastd MQ_CO+4*\t(%rax), %zmm\i   // s = -c * sum(xq[t] of the block)
+        .endm
+
+        .macro  mq_zero mt
+        each_tok \mt, zero_f
+        .endm
+
+        .macro  st_tok t, i, f, a
+        testq   %r15, %r15
+        jz      9f
+        vaddps  (%r15), %zmm\f, %zmm\f          // y = acc + b
+9:
+        vmovups %zmm\f, (%r13)
+        addq    %r14, %r13
+        .endm
+
+        .macro  mq_store mt
+        each_tok \mt, st_tok
+        .endm
+
+        .macro  flt_tok t, i, f, a
+        vbroadcastss MQ_XD+4*\t(%rax), %zmm18
+        vmulps  %zmm16, %zmm18, %zmm19          // t = xd * dw
+        vcvtdq2ps %zmm\i, %zmm20
+        vfmadd231ps %zmm19, %zmm20, %zmm\f      // acc = fma(s, t, acc)
+        .endm
+
+        .macro  flt mt
+        vcvtph2ps (%r12), %zmm16
+        each_tok \mt, flt_tok
+        .endm
+
+        /* q8_0 sign trick: zmm16 = |w|, k1 = w < 0 */
+        .macro  q8s_tok t, i, f, g
+        vpbroadcastd 32*\t+4*\g(%rax), %zmm20
+        vpsubb  %zmm20, %zmm21, %zmm20{%k1}     // X * sign(w)
+        vpmaddubsw %zmm20, %zmm16, %zmm19
+        vpmaddwd %zmm22, %zmm19, %zmm19
+        vpaddd  %zmm19, %zmm\i, %zmm\i
+        .endm
+
+        .macro  q8_avx512_blk mt
+        each_tok \mt, zero_i
+        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
+        vmovdqa64 128+256*\g(%rdi), %zmm16
+        vpmovb2m %zmm16, %k1
+        vpabsb  %zmm16, %zmm16
+        each_tok \mt, q8s_tok, \g
+        .endr
+        flt     \mt
+        .endm
+
+        .macro  q8v_tok t, i, f, g
+        vpdpbusd 32*\t+4*\g(%rax){1to16}, %zmm16, %zmm\i
+        .endm
+
+        .macro  q8_avx512vnni_blk mt
+        each_tok \mt, corr_i
+        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
+        vmovdqa64 128+256*\g(%rdi), %zmm16
+        vpxord  MQ_K80(%rbx){1to16}, %zmm16, %zmm16     // w + 128, unsigned
+        each_tok \mt, q8v_tok, \g
+        .endr
+        flt     \mt
+        .endm
+
+        .macro  nibbles g
+        vmovdqa64 128+256*\g(%rdi), %zmm16
+        vpsrlw  $4, %zmm16, %zmm17
+        vpandd  MQ_M0F(%rbx){1to16}, %zmm16, %zmm16
+        vpandd  MQ_M0F(%rbx){1to16}, %zmm17, %zmm17
+        .endm
+
+        .macro  q4m_tok t, i, f, g
+        vpbroadcastd 32*\t+4*\g(%rax), %zmm18
+        vpmaddubsw %zmm18, %zmm16, %zmm19
+        vpaddw  %zmm19, %zmm\i, %zmm\i
+        vpbroadcastd 32*\t+4*\g+16(%rax), %zmm18
+        vpmaddubsw %zmm18, %zmm17, %zmm19
+        vpaddw  %zmm19, %zmm\i, %zmm\i
+        .endm
+
+        .macro  q4m_fin t, i, f, a
+        vpmaddwd %zmm22, %zmm\i, %zmm\i
+        vpaddd  MQ_CO+4*\t(%rax){1to16}, %zmm\i, %zmm\i
+        .endm
+
+        .macro  q4_avx512_blk mt
+        each_tok \mt, zero_i
+        .irp    g, 0, 1, 2, 3
+        nibbles \g
+        each_tok \mt, q4m_tok, \g
+        .endr
+        each_tok \mt, q4m_fin
+        flt     \mt
+        .endm
+
+        .macro  q4v_tok t, i, f, g
+        vpdpbusd 32*\t+4*\g(%rax){1to16}, %zmm16, %zmm\i
+        vpdpbusd 32*\t+4*\g+16(%rax){1to16}, %zmm17, %zmm\i
+        .endm
+
+        .macro  q4_avx512vnni_blk mt
+        each_tok \mt, corr_i
+        .irp    g, 0, 1, 2, 3
+        nibbles \g
+        each_tok \mt, q4v_tok, \g
+        .endr
+        flt     \mt
+        .endm
+
+#include "matmul_q0.h"
+
+/*
+ * void gpt2asm_matmul_q8_0_avx512(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
+ *                                 size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,
+ *                                 size_t n_in, size_t tile_begin, size_t tile_end);
+ *   as gpt2asm_matmul_q8_0_avx2 (the same bits); xq in -127..127.  AVX512F + BW.
+ */
+        .macro  mq_blk mt
+        q8_avx512_blk \mt
+        .endm
+function gpt2asm_matmul_q8_0_avx512
+        mm_q0   2176, 7, 4
+endfunc
+        .purgem mq_blk
+
+/* void gpt2asm_matmul_q8_0_avx512vnni(same);  AVX512F + BW + VNNI. */
+        .macro  mq_blk mt
+        q8_avx512vnni_blk \mt
+        .endm
+function gpt2asm_matmul_q8_0_avx512vnni
+        mm_q0   2176, 7, 4
+endfunc
+        .purgem mq_blk
+
+/* void gpt2asm_matmul_q4_0_avx512(same, the q4_0 records);  AVX512F + BW. */
+        .macro  mq_blk mt
+        q4_avx512_blk \mt
+        .endm
+function gpt2asm_matmul_q4_0_avx512
+        mm_q0   1152, 3, 4
+endfunc
+        .purgem mq_blk
+
+/* void gpt2asm_matmul_q4_0_avx512vnni(same);  AVX512F + BW + VNNI. */
+        .macro  mq_blk mt
+        q4_avx512vnni_blk \mt
+        .endm
+function gpt2asm_matmul_q4_0_avx512vnni
+        mm_q0   1152, 3, 4
+endfunc
+        .purgem mq_blk

@@ -1,0 +1,265 @@
+/*
+ * asm/x86_64/matvec_q0_avx2.S -- q8_0 / q4_0 decode (matrix-vector) kernels, AVX2 and AVX-VNNI (ymm).
+ *
+ * docs/kernels-q0.md (layouts, the per-output sequence; numpy model tests/q0ref.py, matvec).  The weights
+ * stream once, record after record (tile t, block b: 64 fp16 scales, then the ints); the activations
+ * come quantized (xq int8, xd fp32 per block of 32).  The 64 fp32 sums of a tile live in ymm8-15 for
+ * the whole stream.  Each record is taken in two halves of 32 outputs (the record's bytes
+ * 128 + 256g + 128h .. +127 of every group g for half h: all within the record, which is in L1 after the
+ * first touch), each half's int32 block sums in ymm4-7; then per half, in this order per output o:
+ *     s   = exact int32 block sum                      (ymm4-7)
+ *     t   = xd[b] * dw[o][b]                           vbroadcastss xd[b]; vcvtph2ps dw; vmulps (xd first)
+ *     acc = fma((float)s, t, acc)                      vcvtdq2ps s; vfmadd231ps t, s, acc
+ * and at the end of the tile y = acc + b (vaddps) or acc.  The integer sums, per group g (4 inputs,
+ * xq[32b+4g .. +3] broadcast as one dword X to every lane; one lane = one output's 4 inputs):
+ *   q8_0 avx2     (sign trick) p = vpmaddubsw(|w|, X * sign(w)) (vpabsb, vpsignb: |w| <= 128 unsigned,
+ *                 |X| <= 127 signed, pair sums <= 32512: no saturation); s += vpmaddwd(p, 1)
+ *   q8_0 avxvnni  s += vpdpbusd(w ^ 0x80, X) = sum (w + 128) * x; s starts at -128 * sum(xq of block)
+ *   q4_0 avx2     the nibbles u = w + 8 (0..15) unsigned as they are: p16 += vpmaddubsw(u_lo, X_g)
+ *                 + vpmaddubsw(u_hi, X_g+4) in int16 over the 4 byte-groups (|p16| <= 8*2*15*128 < 2^15),
+ *                 then s = vpmaddwd(p16, 1) - 8 * sum(xq of block)
+ *   q4_0 avxvnni  s += vpdpbusd(u_lo, X_g) + vpdpbusd(u_hi, X_g+4); s starts at -8 * sum(xq of block)
+ * All exact, so every variant gives the contract's bits.  Per 64 weight bytes: q8_0 avx2 10 vector ops
+ * (+4 loads), avxvnni 4; q4_0 (128 weights) avx2 14, avxvnni 10.  What is measured later (make bench;
+ * python tests/test_kernels_q0.py --bench): GB/s of weights streamed against a plain read.
+ *
+ * Registers: see matvec_q0.h; ymm0 X (then xd[b]), ymm1 1 (int16) / 0x80 bytes / X_g+4, ymm2-3 temps,
+ * ymm4-7 a half's int32 (q4_0 avx2: int16) sums, ymm8-15 the tile's fp32 sums; rbx the constants.
+ */
+#include "asm.S"
+
+        .set    Q0_ONES, 0                      // int16 1
+        .set    Q0_K80, 32                      // bytes 0x80
+        .set    Q0_M0F, 64                      // bytes 0x0f
+const q0_mv_avx2, 6
+        .rept   16
+        .short  1
+        .endr
+        .rept   32
+        .byte   0x80
+        .endr
+        .rept   32
+        .byte   0x0f
+        .endr
+endconst
+
+        .macro  q0_consts
+        movrel  %rbx, q0_mv_avx2
+        .endm
+
+        .macro  q0_zero
+        vzero   8, 9, 10, 11, 12, 13, 14, 15
+        .endm
+
+        .macro  q0_exit
+        vzeroupper
+        ret
+        .endm
+
+        .macro  q0_store
+        testq   %rcx, %rcx
+        jz      1f
+        vaddps    0(%rcx), %ymm8, %ymm8         // y = acc + b
+        vaddps   32(%rcx), %ymm9, %ymm9
+        vaddps   64(%rcx), %ymm10, %ymm10
+        vaddps   96(%rcx), %ymm11, %ymm11
+        vaddps  128(%rcx), %ymm12, %ymm12
+        vaddps  160(%rcx), %ymm13, %ymm13
+        vaddps  192(%rcx), %ymm14, %ymm14
+        vaddps  224(%rcx), %ymm15, %ymm15
+1:
+        vmovups %ymm8,    0(%r8)
+        vmovups %ymm9,   32(%r8)
+        vmovups %ymm10,  64(%r8)
+        vmovups %ymm11,  96(%r8)
+        vmovups %ymm12, 128(%r8)
+        vmovups %ymm13, 160(%r8)
+        vmovups %ymm14, 192(%r8)
+        vmovups %ymm15, 224(%r8)
+        .endm
+
+#include "matvec_q0.h"
+
+        /* acc[f] = fma((float)s[i], xd[b] * dw[8 outputs at record byte \off], acc[f]); ymm0 = xd[b] */
+        .macro  flt1 off, i, f
+        vcvtph2ps \off(%rdi), %ymm2
+        vmulps  %ymm2, %ymm0, %ymm2             // t = xd[b] * dw
+        vcvtdq2ps %ymm\i, %ymm3
+        vfmadd231ps %ymm2, %ymm3, %ymm\f        // acc = fma(s, t, acc)
+        .endm
+
+        .macro  flt_half h
+        vbroadcastss (%rdx,%r11,4), %ymm0
+        .if \h == 0
+        flt1    0, 4, 8
+        flt1    16, 5, 9
+        flt1    32, 6, 10
+        flt1    48, 7, 11
+        .else
+        flt1    64, 4, 12
+        flt1    80, 5, 13
+        flt1    96, 6, 14
+        flt1    112, 7, 15
+        .endif
+        .endm
+
+        /* s[i] (+)= sum over 4 inputs of w * X, sign trick; ymm1 = int16 ones */
+        .macro  q8s_vec off, i, g
+        vpabsb  \off(%rdi), %ymm2               // |w| (128 for -128: unsigned)
+        vpsignb \off(%rdi), %ymm0, %ymm3        // X * sign(w)
+        vpmaddubsw %ymm3, %ymm2, %ymm2          // |w| * X * sign(w), pairs summed: int16, exact
+        .if \g == 0
+        vpmaddwd %ymm1, %ymm2, %ymm\i
+        .else
+        vpmaddwd %ymm1, %ymm2, %ymm2
+        vpaddd  %ymm2, %ymm\i, %ymm\i
+        .endif
+        .endm
+
+        .macro  q8s_half h
+        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
+        vpbroadcastd 4*\g(%rax), %ymm0
+        q8s_vec 128+256*\g+128*\h, 4, \g
+        q8s_vec 128+256*\g+128*\h+32, 5, \g
+        q8s_vec 128+256*\g+128*\h+64, 6, \g
+        q8s_vec 128+256*\g+128*\h+96, 7, \g
+        .endr
+        flt_half \h
+        .endm
+
+        .macro  q8_avx2_blk
+        vmovdqa Q0_ONES(%rbx), %ymm1
+        q8s_half 0
+        q8s_half 1
+        .endm
+
+        /* s[i] += vpdpbusd(w ^ 0x80, X); ymm1 = 0x80 bytes */
+        .macro  q8v_vec off, i
+        vpxor   \off(%rdi), %ymm1, %ymm2        // w + 128, unsigned
+        {vex} vpdpbusd %ymm0, %ymm2, %ymm\i
+        .endm
+
+        .macro  init_corr
+        vpbroadcastd (%rsp,%r11,4), %ymm4       // s = -c * sum(xq of the block)
+        vmovdqa %ymm4, %ymm5
+        vmovdqa %ymm4, %ymm6
+        vmovdqa %ymm4, %ymm7
+        .endm
+
+        .macro  q8v_half h
+        init_corr
+        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
+        vpbroadcastd 4*\g(%rax), %ymm0
+        q8v_vec 128+256*\g+128*\h, 4
+        q8v_vec 128+256*\g+128*\h+32, 5
+        q8v_vec 128+256*\g+128*\h+64, 6
+        q8v_vec 128+256*\g+128*\h+96, 7
+        .endr
+        flt_half \h
+        .endm
+
+        .macro  q8_avxvnni_blk
+        vmovdqa Q0_K80(%rbx), %ymm1
+        q8v_half 0
+        q8v_half 1
+        .endm
+
+        /* the low and high nibbles of 32 bytes at \off: ymm2 = u (group g), ymm3 = u (group g + 4) */
+        .macro  nibbles off
+        vmovdqa \off(%rdi), %ymm2
+        vpsrlw  $4, %ymm2, %ymm3
+        vpand   Q0_M0F(%rbx), %ymm2, %ymm2
+        vpand   Q0_M0F(%rbx), %ymm3, %ymm3
+        .endm
+
+        /* p16[i] (+)= vpmaddubsw(u_lo, X_g) + vpmaddubsw(u_hi, X_g+4); ymm0 = X_g, ymm1 = X_g+4 */
+        .macro  q4m_vec off, i, g
+        nibbles \off
+        vpmaddubsw %ymm0, %ymm2, %ymm2
+        vpmaddubsw %ymm1, %ymm3, %ymm3
+        .if \g == 0
+        vpaddw  %ymm3, %ymm2, %ymm\i
+        .else
+        vpaddw  %ymm2, %ymm\i, %ymm\i
+        vpaddw  %ymm3, %ymm\i, %ymm\i
+        .endif
+        .endm
+
+        .macro  q4m_half h
+        .irp    g, 0, 1, 2, 3
+        vpbroadcastd 4*\g(%rax), %ymm0
+        vpbroadcastd 4*\g+16(%rax), %ymm1
+        q4m_vec 128+256*\g+128*\h, 4, \g
+        q4m_vec 128+256*\g+128*\h+32, 5, \g
+        q4m_vec 128+256*\g+128*\h+64, 6, \g
+        q4m_vec 128+256*\g+128*\h+96, 7, \g
+        .endr
+        vpbroadcastd (%rsp,%r11,4), %ymm0       // -8 * sum(xq of the block)
+        .irp    i, 4, 5, 6, 7
+        vpmaddwd Q0_ONES(%rbx), %ymm\i, %ymm\i  // int32 sums of u * xq
+        vpaddd  %ymm0, %ymm\i, %ymm\i           // s
+        .endr
+        flt_half \h
+        .endm
+
+        .macro  q4_avx2_blk
+        q4m_half 0
+        q4m_half 1
+        .endm
+
+        .macro  q4v_vec off, i
+        nibbles \off
+        {vex} vpdpbusd %ymm0, %ymm2, %ymm\i
+        {vex} vpdpbusd %ymm1, %ymm3, %ymm\i
+        .endm
+
+        .macro  q4v_half h
+        init_corr
+        .irp    g, 0, 1, 2, 3
+        vpbroadcastd 4*\g(%rax), %ymm0
+        vpbroadcastd 4*\g+16(%rax), %ymm1
+        q4v_vec 128+256*\g+128*\h, 4
+        q4v_vec 128+256*\g+128*\h+32, 5
+        q4v_vec 128+256*\g+128*\h+64, 6
+        q4v_vec 128+256*\g+128*\h+96, 7
+        .endr
+        flt_half \h
+        .endm
+
+        .macro  q4_avxvnni_blk
+        q4v_half 0
+        q4v_half 1
+        .endm
+
+/*
+ * void gpt2asm_matvec_q8_0_avx2(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
+ *                               float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+ *   for t in tile_begin .. tile_end-1, o = 64t + j (j < 64):
+ *       acc = +0.0;  for b in 0 .. n_in/32-1:  s = sum_i w[o][32b+i] * xq[32b+i] (exact int32);
+ *                                              acc = fma((float)s, xd[b] * dw[o][b], acc)
+ *       y[o] = b ? acc + b[o] : acc
+ *   w: the q8_0 tiled records (2176 bytes each), 64-byte aligned.  xq, xd, b, y: any alignment.
+ *   xq in -127..127 (the quantizer's range: the sign trick needs xq != -128).
+ */
+function gpt2asm_matvec_q8_0_avx2
+        mv_q0   2176, 0, q8_avx2_blk
+endfunc
+
+/* void gpt2asm_matvec_q8_0_avxvnni(same as gpt2asm_matvec_q8_0_avx2);  any int8 xq.  AVX-VNNI. */
+function gpt2asm_matvec_q8_0_avxvnni
+        mv_q0   2176, 7, q8_avxvnni_blk
+endfunc
+
+/*
+ * void gpt2asm_matvec_q4_0_avx2(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
+ *                               float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+ *   the same sequence with the q4_0 records (1152 bytes each, ints w = nibble - 8); any int8 xq.
+ */
+function gpt2asm_matvec_q4_0_avx2
+        mv_q0   1152, 3, q4_avx2_blk
+endfunc
+
+/* void gpt2asm_matvec_q4_0_avxvnni(same as gpt2asm_matvec_q4_0_avx2);  AVX-VNNI. */
+function gpt2asm_matvec_q4_0_avxvnni
+        mv_q0   1152, 3, q4_avxvnni_blk
+endfunc
