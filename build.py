@@ -115,6 +115,12 @@ EXTRA_OPS = {
                          "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
+# the q8_0 / q4_0 integer kernels (docs/kernels-q0.md): family -> {op: the ISA variants exported beside
+# gpt2asm_<op>_<family>, as gpt2asm_<op>_<isa>}; Python picks one by CPU feature (cpu_arm.q0_isa) and
+# check_exports requires them of the family like its EXTRA_OPS
+Q0_VARIANTS = {
+    "aarch64": {"neon": {"quantize_q8_0": (), "matvec_q8_0": ("dotprod",), "matvec_q4_0": ("dotprod",)}},
+}
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {
     "x86_64": ("gpt2asm_build_id", "gpt2asm_cpuid", "gpt2asm_xgetbv"),
@@ -181,6 +187,8 @@ def check_exports(lib: Path, arch: str, strict: bool = False) -> list[str]:
     for fam in FAMILY_OPS[arch]:
         want = bound_symbols(arch, fam)[len(COMMON_SYMBOLS[arch]) + len(TOOL_SYMBOLS[arch]):]
         want += [f"gpt2asm_{op}_{fam}" for op in EXTRA_OPS[arch].get(fam, ())]
+        want += [f"gpt2asm_{op}_{isa}" for op, isas in Q0_VARIANTS.get(arch, {}).get(fam, {}).items()
+                 for isa in (fam, *isas)]
         missing = [s for s in want if s not in have]
         if missing and (strict or len(missing) < len(want)):
             problems.append(f"family {fam}: {len(missing)} of {len(want)} symbols missing: {', '.join(missing)}")
