@@ -119,7 +119,8 @@ EXTRA_OPS = {
 # gpt2asm_<op>_<family>, as gpt2asm_<op>_<isa>}; Python picks one by CPU feature (cpu_arm.q0_isa) and
 # check_exports requires them of the family like its EXTRA_OPS
 Q0_VARIANTS = {
-    "aarch64": {"neon": {"quantize_q8_0": (), "matvec_q8_0": ("dotprod",), "matvec_q4_0": ("dotprod",)}},
+    "aarch64": {"neon": {"quantize_q8_0": (), "matvec_q8_0": ("dotprod",), "matvec_q4_0": ("dotprod",),
+                         "matmul_q8_0": ("dotprod",), "matmul_q4_0": ("dotprod",)}},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {

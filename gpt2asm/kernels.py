@@ -1108,10 +1108,14 @@ class ArmQ0:
         # void gpt2asm_matmul_{q8_0,q4_0}_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
         #                     size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
         #                     size_t tile_begin, size_t tile_end);     (optional until the library has them)
+        from .cpu_arm import Q0_ISAS            # (a library without the chosen variant: the next best)
         self._matmul = {}
         for k in Q0_RECORD:
-            if hasattr(self.lib, f"gpt2asm_matmul_{k}_{self.isa['matmul']}"):
-                self._matmul[k] = bind(f"gpt2asm_matmul_{k}_{self.isa['matmul']}", [P, P, N, P, N, P, P, N, N, N, N, N])
+            isas = Q0_ISAS[:Q0_ISAS.index(self.isa["matmul"]) + 1]
+            have = [i for i in isas if hasattr(self.lib, f"gpt2asm_matmul_{k}_{i}")]
+            if have:
+                self.isa["matmul"] = have[-1]
+                self._matmul[k] = bind(f"gpt2asm_matmul_{k}_{have[-1]}", [P, P, N, P, N, P, P, N, N, N, N, N])
 
     @staticmethod
     def _n_in(n_in) -> int:

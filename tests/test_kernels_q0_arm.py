@@ -326,6 +326,103 @@ def test_matvec_variants_agree(lib):
 
 
 # --------------------------------------------------------------------------------------------------
+# matmul (prefill): every (token, output) the bits of the matvec on that token's row
+
+def matmul_isas():
+    return [_isa_param(i) for i in MATMUL_ISAS]
+
+
+def matmul(lib, kind, isa, w, xq, ldq, xd, ldd, b, ldy, T, n_in, nt, tb, te, seed=0) -> np.ndarray:
+    """One matmul call: xq [T][ldq] int8, xd [T][ldd] float32 (rows padded with junk), y [T][ldy]; guarded
+    misaligned buffers; y outside the T x [64 tb, 64 te) block untouched.  Returns y [T][ldy]."""
+    name = f"gpt2asm_matmul_{kind}_{isa}"
+    if not hasattr(lib, name):
+        pytest.skip(f"{name} is not in this library")
+    wg = Guarded(w.nbytes, 0, seed).put(w)
+    qg = Guarded(xq.nbytes, next(_mis), seed + 1).put(xq)
+    dg = Guarded(xd.nbytes, next(_mis), seed + 2).put(xd)
+    bg = Guarded(b.nbytes, next(_mis), seed + 3).put(b) if b is not None else None
+    y0 = np.full(max(T, 1) * ldy, Y_FILL, np.uint32).view(F32)
+    yg = Guarded(y0.nbytes, next(_mis), seed + 4).put(y0)
+    getattr(lib, name)(wg.addr, qg.addr, ldq, dg.addr, ldd, bg.addr if bg else None, yg.addr, ldy, T, n_in,
+                       tb, te)
+    check_guarded(name, ((wg, w, "w"), (qg, xq, "xq"), (dg, xd, "xd"), (bg, b, "b"), (yg, None, "y")))
+    y = yg.get(F32).reshape(max(T, 1), ldy)
+    mask = np.ones(y.shape, bool)
+    mask[:T, TILE * tb:TILE * te] = False
+    assert (y[mask].view(np.uint32) == Y_FILL).all(), f"{name} wrote outside its block"
+    return y
+
+
+def check_matmul(lib, kind, isa, q, d, X, b, tb, te, pad_q=0, pad_d=0, pad_y=0, seed=0):
+    """X float32 [T][n_in]: quantized per row by the model; rows stored ldq = n_in + pad_q etc. apart."""
+    T, n_in = X.shape
+    nb = n_in // QK
+    rng = np.random.default_rng(seed)
+    xq = rng.integers(-128, 128, (max(T, 1), n_in + pad_q)).astype(np.int8)
+    xd = rng.standard_normal((max(T, 1), nb + pad_d)).astype(F32)
+    rows = [q0ref.quantize_act(X[t]) for t in range(T)]
+    for t, (rq, rd) in enumerate(rows):
+        xq[t, :n_in], xd[t, :nb] = rq, rd
+    w = q0ref.tile(q, d, kind)
+    qp, dp, nt = pad(q, d)
+    ldy = nt * TILE + pad_y
+    y = matmul(lib, kind, isa, w, xq, n_in + pad_q, xd, nb + pad_d, b, ldy, T, n_in, nt, tb, te, seed)
+    for t, (rq, rd) in enumerate(rows):
+        got, exp = y[t, TILE * tb:TILE * te], ref_matvec(qp, dp, rq, rd, b, tb, te)
+        bad = np.flatnonzero(~same_bits(got, exp))
+        assert bad.size == 0, f"{kind}_{isa}: token {t} of {T}, outputs {bad[:8] + TILE * tb} differ"
+    return y
+
+
+@pytest.mark.parametrize("isa", matmul_isas())
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("T", [1, 2, 3, 5])
+def test_matmul_sizes(lib, kind, isa, T):
+    """Odd and even token counts (the pair tail), padded row strides, ranges not at 0, NULL bias."""
+    rng = np.random.default_rng(100 * T + len(kind + isa))
+    for k, (n_in, n_out, tb, te) in enumerate(((32, 64, 0, 1), (96, 200, 1, 4), (64, 130, 0, 3), (800, 70, 1, 2))):
+        if T == 5 and n_in == 800:
+            continue
+        q, d = random_weights(rng, kind, n_out, n_in)
+        X = (rng.standard_normal((T, n_in))).astype(F32)
+        b = random_x(rng, -(-n_out // TILE) * TILE) if k % 2 == 0 else None
+        check_matmul(lib, kind, isa, q, d, X, b, tb, te, pad_q=(0, 5, 32, 1)[k], pad_d=(0, 1, 3, 0)[k],
+                     pad_y=(0, 3, 64, 1)[k], seed=k)
+
+
+@pytest.mark.parametrize("isa", matmul_isas())
+@pytest.mark.parametrize("kind", KINDS)
+def test_matmul_extremes(lib, kind, isa):
+    """Every weight int, all-zero / +-amax / subnormal / non-finite rows, special binary16 scales."""
+    rng = np.random.default_rng(57)
+    n_out, n_in = 128, 128
+    lo, hi = (-128, 127) if kind == "q8_0" else (-8, 7)
+    q = rng.integers(lo, hi + 1, (n_out, n_in)).astype(np.int8)
+    q[0] = lo; q[1] = hi; q[2] = np.resize(np.arange(lo, hi + 1), n_in)
+    d = (rng.random((n_out, n_in // QK)) * 0.01).astype(np.float16)
+    d[4] = np.float16(6e-8); d[5] = np.float16(65504); d[6, 1] = np.float16(np.inf); d[7, 2] = np.float16(np.nan)
+    X = rng.standard_normal((4, n_in)).astype(F32)
+    X[0, :32] = 0
+    X[1, 32:64] = np.where(np.arange(32) % 2, F32(-3.0), F32(3.0))
+    X[2, 64:96] = (rng.standard_normal(32) * 1e-40).astype(F32)
+    X[3, 100] = np.nan
+    y = check_matmul(lib, kind, isa, q, d, X, random_x(rng, n_out), 0, 2)
+    assert np.isnan(y[3]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matmul_empty(lib, kind):
+    rng = np.random.default_rng(61)
+    q, d = random_weights(rng, kind, 128, 64)
+    w = q0ref.tile(q, d, kind)
+    xq, xd = np.zeros((2, 64), np.int8), np.zeros((2, 2), F32)
+    for isa in [i for i in MATMUL_ISAS if _has(i)]:
+        for T, tb, te in ((0, 0, 2), (2, 1, 1), (2, 2, 1)):
+            matmul(lib, kind, isa, w, xq, 64, xd, 2, None, 128, T, 64, 2, tb, te)
+
+
+# --------------------------------------------------------------------------------------------------
 # memory: PROT_NONE pages around every buffer (a forked child)
 
 def test_page_guards(lib):
@@ -341,6 +438,7 @@ def test_page_guards(lib):
             jobs.append((kind, q0ref.tile(q, d, kind), x, xq, xd, b, n_in, tb, te,
                          ref_matvec(qp, dp, xq, xd, b, tb, te)))
     isas = [i for i in MATVEC_ISAS if _has(i)]
+    mm_isas = [i for i in MATMUL_ISAS if _has(i) and hasattr(lib, f"gpt2asm_matmul_q8_0_{i}")]
 
     def child() -> bool:
         ok = True
@@ -363,6 +461,19 @@ def test_page_guards(lib):
                         wg.addr - tb * nb * rec, qg.addr, dg.addr, bg.addr - 4 * TILE * tb,
                         yg.addr - 4 * TILE * tb, n_in, tb, te)
                     ok &= bool(same_bits(yg.get(F32), exp).all())
+                for isa in mm_isas:                             # three tokens: a pair and a tail
+                    sub = w[tb * nb * rec:te * nb * rec]
+                    wg = PageFenced(sub.nbytes, at_end).put(sub)
+                    q3 = PageFenced(3 * n_in, at_end).put(np.tile(xq, 3))
+                    d3 = PageFenced(3 * 4 * nb, at_end).put(np.tile(xd, 3))
+                    bs = b[TILE * tb:TILE * te]
+                    bg = PageFenced(bs.nbytes, at_end).put(bs)
+                    yg = PageFenced(3 * bs.nbytes, at_end)
+                    nto = TILE * (te - tb)
+                    getattr(lib, f"gpt2asm_matmul_{kind}_{isa}")(
+                        wg.addr - tb * nb * rec, q3.addr, n_in, d3.addr, nb, bg.addr - 4 * TILE * tb,
+                        yg.addr - 4 * TILE * tb, nto, 3, n_in, tb, te)
+                    ok &= bool(same_bits(yg.get(F32), np.tile(exp, 3)).all())
         return ok
     run_forked(child)
 
@@ -405,6 +516,8 @@ def test_wrappers(lib, cap):
         qp, dp, _ = pad(q, d)
         y = getattr(k, f"matvec_{kind}")(w, 96, xq, xd, b, 1, 3)
         assert same_bits(y[64:], ref_matvec(qp, dp, xq, xd, b, 1, 3)).all()
+        Y = getattr(k, f"matmul_{kind}")(w, 96, np.stack([xq, xq, xq]), np.stack([xd, xd, xd]), b, 1, 3)
+        assert all(np.array_equal(Y[t, 64:].view(np.uint32), y[64:].view(np.uint32)) for t in range(3))
 
 
 def test_wrappers_refuse(lib):
@@ -417,7 +530,8 @@ def test_wrappers_refuse(lib):
            lambda: k.matvec_q8_0(w, 48, xq, xd), lambda: k.matvec_q8_0(w[1:2177], 32, xq[:32], xd[:1]),
            lambda: k.matvec_q8_0(w, 64, xq[:32], xd), lambda: k.matvec_q8_0(w, 64, xq, xd, None, 0, 2),
            lambda: k.matvec_q4_0(w, 64, xq, xd), lambda: k.matvec_q8_0(w, 64, xq, xd, np.zeros(63, F32)),
-           lambda: k.matvec("q5_0", w, 64, xq, xd)]
+           lambda: k.matvec("q5_0", w, 64, xq, xd), lambda: k.matmul_q8_0(w, 64, xq, xd),
+           lambda: k.matmul_q8_0(w, 64, xq.reshape(1, 64), xd), lambda: k.matmul_q8_0(w, 64, xq[None], xd[None], None, 1, 0)]
     for call in bad:
         with pytest.raises(InvalidArgumentError):
             call()
