@@ -120,7 +120,8 @@ EXTRA_OPS = {
 # check_exports requires them of the family like its EXTRA_OPS
 Q0_VARIANTS = {
     "aarch64": {"neon": {"quantize_q8_0": (), "matvec_q8_0": ("dotprod",), "matvec_q4_0": ("dotprod",),
-                         "matmul_q8_0": ("dotprod", "i8mm"), "matmul_q4_0": ("dotprod", "i8mm")}},
+                         "matmul_q8_0": ("dotprod", "i8mm"), "matmul_q4_0": ("dotprod", "i8mm")},
+                "sme2": {"matvec_q8_0": (), "matvec_q4_0": ()}},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {

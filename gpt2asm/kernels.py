@@ -1087,11 +1087,15 @@ class ArmQ0:
     """The checked numpy API of the AArch64 q8_0 / q4_0 kernels: quantize_q8_0, matvec_q8_0, matvec_q4_0,
     matmul_q8_0, matmul_q4_0.  Weights w: the tiled records (uint8, 64-byte aligned, n_tiles * nb records)."""
 
-    def __init__(self, lib: ctypes.CDLL | None = None, cap: str | None = None):
+    def __init__(self, lib: ctypes.CDLL | None = None, cap: str | None = None, family: str = "neon"):
+        """family "sme2": the matvec kernels are the sme2 ones (SME2 with SVL 128..512: the caller's choice,
+        as for Kernels); cap: the best neon variant allowed (default $GPT2ASM_ARM_Q0)."""
         from .cpu_arm import q0_isa
         self.lib = lib or load_library()
         P, N = c_void_p, c_size_t
         self.isa = {op: q0_isa(op, None if lib is None else lib, cap) for op in ("quantize", "matvec", "matmul")}
+        if family == "sme2":
+            self.isa["matvec"] = "sme2"
 
         def bind(name, argtypes):
             fn = getattr(self.lib, name, None)
