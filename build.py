@@ -121,7 +121,7 @@ EXTRA_OPS = {
 Q0_VARIANTS = {
     "aarch64": {"neon": {"quantize_q8_0": (), "matvec_q8_0": ("dotprod",), "matvec_q4_0": ("dotprod",),
                          "matmul_q8_0": ("dotprod", "i8mm"), "matmul_q4_0": ("dotprod", "i8mm")},
-                "sme2": {"matvec_q8_0": (), "matvec_q4_0": ()}},
+                "sme2": {"matvec_q8_0": (), "matvec_q4_0": (), "matmul_q8_0": (), "matmul_q4_0": ()}},
 }
 # bound by gpt2asm/kernels.py and gpt2asm/cpu_arm.py whatever the family
 COMMON_SYMBOLS = {

@@ -1088,14 +1088,14 @@ class ArmQ0:
     matmul_q8_0, matmul_q4_0.  Weights w: the tiled records (uint8, 64-byte aligned, n_tiles * nb records)."""
 
     def __init__(self, lib: ctypes.CDLL | None = None, cap: str | None = None, family: str = "neon"):
-        """family "sme2": the matvec kernels are the sme2 ones (SME2 with SVL 128..512: the caller's choice,
+        """family "sme2": the matvec and matmul kernels are the sme2 ones (SME2 with SVL 128..512: the caller's choice,
         as for Kernels); cap: the best neon variant allowed (default $GPT2ASM_ARM_Q0)."""
         from .cpu_arm import q0_isa
         self.lib = lib or load_library()
         P, N = c_void_p, c_size_t
         self.isa = {op: q0_isa(op, None if lib is None else lib, cap) for op in ("quantize", "matvec", "matmul")}
         if family == "sme2":
-            self.isa["matvec"] = "sme2"
+            self.isa["matvec"] = self.isa["matmul"] = "sme2"
 
         def bind(name, argtypes):
             fn = getattr(self.lib, name, None)
@@ -1115,7 +1115,7 @@ class ArmQ0:
         from .cpu_arm import Q0_ISAS            # (a library without the chosen variant: the next best)
         self._matmul = {}
         for k in Q0_RECORD:
-            isas = Q0_ISAS[:Q0_ISAS.index(self.isa["matmul"]) + 1]
+            isas = ("sme2",) if family == "sme2" else Q0_ISAS[:Q0_ISAS.index(self.isa["matmul"]) + 1]
             have = [i for i in isas if hasattr(self.lib, f"gpt2asm_matmul_{k}_{i}")]
             if have:
                 self.isa["matmul"] = have[-1]

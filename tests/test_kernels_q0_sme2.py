@@ -1,6 +1,7 @@
-"""checkasm-style tests of the SME2 q8_0 / q4_0 kernels (asm/aarch64/matvec_q0_sme2.S):
+"""checkasm-style tests of the SME2 q8_0 / q4_0 kernels (asm/aarch64/matvec_q0_sme2.S, matmul_q0_sme2.S):
 
     gpt2asm_matvec_{q8_0,q4_0}_sme2      (docs/kernels-q0.md, "AArch64")
+    gpt2asm_matmul_{q8_0,q4_0}_sme2      (asm/aarch64/matmul_q0_sme2.S)
 
 Bit for bit against tests/q0ref.py (and so against the NEON variants), with the harness of
 tests/test_kernels_q0_arm.py: odd block counts, tile ranges, NULL bias, extremes, misaligned guarded
@@ -50,6 +51,8 @@ def lib():
     for kind in KINDS:
         fn = getattr(lib, f"gpt2asm_matvec_{kind}_{ISA}")
         fn.argtypes, fn.restype = [h.P, h.P, h.P, h.P, h.P, h.S, h.S, h.S], None
+        fn = getattr(lib, f"gpt2asm_matmul_{kind}_{ISA}")
+        fn.argtypes, fn.restype = [h.P, h.P, h.S, h.P, h.S, h.P, h.P, h.S, h.S, h.S, h.S, h.S], None
     from gpt2asm import cpu_arm
     f = cpu_arm.arm_features(lib)
     if not f.get("sme2"):
@@ -67,6 +70,8 @@ def lib():
             qp, dp, nt = h.pad(q, d)
             y = h.matvec(lib, kind, ISA, q0ref.tile(q, d, kind), xq, xd, b, 96, nt, 0, nt)
             ok &= bool(h.same_bits(y, h.ref_matvec(qp, dp, xq, xd, b, 0, nt)).all())
+            X = np.random.default_rng(2).standard_normal((3, 96)).astype(F32)
+            h.check_matmul(lib, kind, ISA, q, d, X, b, 0, nt)
         return ok
     sig, code = fork_status(first_calls)
     if sig:
@@ -138,3 +143,82 @@ def test_page_guards(lib):
                 ok &= bool(h.same_bits(yg.get(F32), exp).all())
         return ok
     run_forked(child)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("T", [1, 3, 5, 17])
+def test_matmul(lib, kind, T):
+    """Token counts below, at and above the V tokens of a pass (4, 8, 16), padded strides, ranges not at 0,
+    NULL bias: every row the matvec's bits."""
+    rng = np.random.default_rng(300 + T)
+    for k, (n_in, n_out, tb, te) in enumerate(((32, 64, 0, 1), (96, 200, 1, 4), (64, 130, 0, 3))):
+        q, d = h.random_weights(rng, kind, n_out, n_in)
+        X = rng.standard_normal((T, n_in)).astype(F32)
+        b = h.random_x(rng, -(-n_out // TILE) * TILE) if k % 2 == 0 else None
+        h.check_matmul(lib, kind, ISA, q, d, X, b, tb, te, pad_q=(0, 5, 32)[k], pad_d=(0, 1, 3)[k],
+                       pad_y=(0, 3, 64)[k], seed=k)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matmul_extremes(lib, kind):
+    h.test_matmul_extremes(lib, kind, ISA)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matmul_empty(lib, kind):
+    rng = np.random.default_rng(61)
+    q, d = h.random_weights(rng, kind, 128, 64)
+    w = q0ref.tile(q, d, kind)
+    xq, xd = np.zeros((2, 64), np.int8), np.zeros((2, 2), F32)
+    for T, tb, te in ((0, 0, 2), (2, 1, 1), (2, 2, 1)):
+        h.matmul(lib, kind, ISA, w, xq, 64, xd, 2, None, 128, T, 64, 2, tb, te)
+
+
+def test_matmul_page_guards(lib):
+    """In a child: every buffer of a 5-token matmul butting against PROT_NONE pages."""
+    rng = np.random.default_rng(19)
+    jobs = []
+    for kind in KINDS:
+        for n_in, n_out, tb, te in ((32, 64, 0, 1), (96, 200, 1, 4)):
+            q, d, xq, xd, b = _case(rng, kind, n_out, n_in)
+            qp, dp, nt = h.pad(q, d)
+            jobs.append((kind, q0ref.tile(q, d, kind), xq, xd, b, n_in, tb, te,
+                         h.ref_matvec(qp, dp, xq, xd, b, tb, te)))
+
+    def child() -> bool:
+        ok = True
+        for kind, w, xq, xd, b, n_in, tb, te, exp in jobs:
+            rec, nb, T = q0ref.RECORD[kind], n_in // QK, 5
+            for at_end in (True, False):
+                sub = w[tb * nb * rec:te * nb * rec]
+                wg = PageFenced(sub.nbytes, at_end).put(sub)
+                qg = PageFenced(T * xq.nbytes, at_end).put(np.tile(xq, T))
+                dg = PageFenced(T * xd.nbytes, at_end).put(np.tile(xd, T))
+                bs = b[TILE * tb:TILE * te]
+                bg = PageFenced(bs.nbytes, at_end).put(bs)
+                yg = PageFenced(T * bs.nbytes, at_end)
+                nto = TILE * (te - tb)
+                getattr(lib, f"gpt2asm_matmul_{kind}_{ISA}")(
+                    wg.addr - tb * nb * rec, qg.addr, n_in, dg.addr, nb, bg.addr - 4 * TILE * tb,
+                    yg.addr - 4 * TILE * tb, nto, T, n_in, tb, te)
+                ok &= bool(h.same_bits(yg.get(F32), np.tile(exp, T)).all())
+        return ok
+    run_forked(child)
+
+
+def test_wrappers(lib):
+    """gpt2asm.kernels.ArmQ0(family="sme2") binds the sme2 kernels: the bits of the neon ones."""
+    from gpt2asm.kernels import ArmQ0, _aligned_zeros
+    k, n = ArmQ0(family="sme2"), ArmQ0(cap="neon")
+    assert k.isa["matvec"] == k.isa["matmul"] == "sme2"
+    rng = np.random.default_rng(5)
+    for kind in KINDS:
+        q, d, xq, xd, b = _case(rng, kind, 130, 64)
+        flat = q0ref.tile(q, d, kind)
+        w = _aligned_zeros(flat.size)
+        w[:] = flat
+        assert np.array_equal(k.matvec(kind, w, 64, xq, xd, b).view(np.uint32),
+                              n.matvec(kind, w, 64, xq, xd, b).view(np.uint32))
+        X, D = np.stack([xq] * 5), np.stack([xd] * 5)
+        assert np.array_equal(k.matmul(kind, w, 64, X, D, b).view(np.uint32),
+                              n.matmul(kind, w, 64, X, D, b).view(np.uint32))
