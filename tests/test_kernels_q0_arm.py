@@ -377,7 +377,7 @@ def check_matmul(lib, kind, isa, q, d, X, b, tb, te, pad_q=0, pad_d=0, pad_y=0, 
 
 @pytest.mark.parametrize("isa", matmul_isas())
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("T", [1, 2, 3, 5, 6])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 7])
 def test_matmul_sizes(lib, kind, isa, T):
     """Odd and even token counts (the pair tail), padded row strides, ranges not at 0, NULL bias."""
     rng = np.random.default_rng(100 * T + len(kind + isa))
