@@ -50,8 +50,8 @@ clean:
 # ARM64_TESTS run under every ARM64_CPUS configuration; ARM64_TESTS_ONCE only under the first (the
 # SVL-independent ones: NEON kernels, forward pass, CLI).  ARM64_CPUS: names of tools/arm64/run_tests.py's
 # CPUS or NAME:QEMU-CPU; ARM64_JOBS configurations run in parallel.
-ARM64_TESTS      ?= tests/test_arm_smoke.py tests/test_plan_abi.py tests/test_kernels_sme2.py tests/test_fingerprint.py tests/test_prefill.py
-ARM64_TESTS_ONCE ?= tests/test_kernels_neon.py tests/test_plan.py
+ARM64_TESTS      ?= tests/test_arm_smoke.py tests/test_plan_abi.py tests/test_kernels_sme2.py tests/test_kernels_q0_sme2.py tests/test_fingerprint.py tests/test_prefill.py
+ARM64_TESTS_ONCE ?= tests/test_kernels_neon.py tests/test_plan.py tests/test_kernels_q0_arm.py
 ARM64_CPUS       ?= sme512 sme256 sme128 nosme
 ARM64_JOBS       ?= 2
 .PHONY: arm64-lib macos-lib test-arm64

@@ -116,7 +116,7 @@ EXTRA_OPS = {
                 "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
 # the q8_0 / q4_0 integer kernels (docs/kernels-q0.md): per family, op -> its ISA variants, each exported as
-# gpt2asm_<op>_<variant> (gpt2asm/kernels.py picks the best variant the CPU has: Q0_VARIANTS there).
+# gpt2asm_<op>_<variant> (Python picks the best variant the CPU has: gpt2asm.kernels.q0_variant on x86, gpt2asm.cpu.q0_isa on Arm).
 # check_exports requires every variant of a family like its FAMILY_OPS.
 VARIANT_OPS = {
     "x86_64": {"avx2": {"quantize_q8_0": ("avx2",),
@@ -124,7 +124,10 @@ VARIANT_OPS = {
                "avx512": {"quantize_q8_0": ("avx512",),
                           **{f"{op}_{k}": ("avx512", "avx512vnni") for op in ("matvec", "matmul")
                              for k in ("q8_0", "q4_0")}}},
-    "aarch64": {},
+    "aarch64": {"neon": {"quantize_q8_0": ("neon",), "matvec_q8_0": ("neon", "dotprod"),
+                         "matvec_q4_0": ("neon", "dotprod"), "matmul_q8_0": ("neon", "dotprod", "i8mm"),
+                         "matmul_q4_0": ("neon", "dotprod", "i8mm")},
+                "sme2": {op: ("sme2",) for op in ("matvec_q8_0", "matvec_q4_0", "matmul_q8_0", "matmul_q4_0")}},
 }
 
 

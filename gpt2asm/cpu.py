@@ -15,6 +15,9 @@ reports SME: on a CPU without it RDSVL is an illegal instruction.
     arm_features() -> dict     what the CPU/OS offers (booleans) plus "svl_bytes" (0 without SME)
     arm_families() -> list     the usable families, best last: [], ["neon"] or ["neon", "sme2"]
     arm_notes()    -> list     why a family the CPU nearly supports is not used (e.g. an SVL above 512)
+    q0_isa(op)     -> str      the variant of the q8_0 / q4_0 integer kernels to use inside the neon family:
+                               "neon" (base ARMv8.0), "dotprod" (FEAT_DotProd sdot) or "i8mm" (FEAT_I8MM
+                               smmla, prefill only); $GPT2ASM_ARM_Q0 caps it (tests force "neon")
 
 The Arm decoding functions are pure (tested everywhere; the probes under qemu-aarch64, see
 tools/arm64/).  `python -m gpt2asm.cpu` prints what was found.
@@ -200,6 +203,30 @@ def notes_from(features: dict) -> list[str]:
     return notes
 
 
+# the q8_0 / q4_0 integer kernels' variants inside the neon family (docs/kernels-q0.md), worst first, and the
+# feature each needs; matvec has no i8mm variant (smmla needs two tokens)
+Q0_ISAS = ("neon", "dotprod", "i8mm")
+Q0_NEEDS = {"neon": "asimd", "dotprod": "asimddp", "i8mm": "i8mm"}
+Q0_OPS = {"quantize": ("neon",), "matvec": ("neon", "dotprod"), "matmul": ("neon", "dotprod", "i8mm")}
+
+
+def q0_isa_from(op: str, features: dict, cap: str | None = None) -> str:
+    """The best variant of op ("quantize", "matvec", "matmul") the features allow, at most cap."""
+    if cap is not None and cap not in Q0_ISAS:
+        raise ValueError(f"unknown q8_0/q4_0 kernel variant {cap!r}: choose one of {', '.join(Q0_ISAS)}")
+    limit = Q0_ISAS.index(cap) if cap else len(Q0_ISAS) - 1
+    best = "neon"
+    for isa in Q0_OPS[op]:
+        if Q0_ISAS.index(isa) <= limit and features.get(Q0_NEEDS[isa]):
+            best = isa
+    return best
+
+
+def q0_isa(op: str, lib=None, cap: str | None = None) -> str:
+    """The variant of op this machine runs: q0_isa_from(op, arm_features(lib), cap or $GPT2ASM_ARM_Q0)."""
+    return q0_isa_from(op, arm_features(lib), cap or os.environ.get("GPT2ASM_ARM_Q0") or None)
+
+
 # --------------------------------------------------------------------------------------------------
 # probing the running machine
 
@@ -297,6 +324,7 @@ if __name__ == "__main__":                      # python -m gpt2asm.cpu: print w
         feats = arm_features()
         print(" ".join(k for k in FEATURES if feats.get(k)))
         print(f"svl_bytes={feats['svl_bytes']} hwcap={feats['hwcap']:#x} hwcap2={feats['hwcap2']:#x}")
+        print("q8_0/q4_0:", " ".join(f"{op}={q0_isa(op)}" for op in Q0_OPS))
         for note in arm_notes():
             print("note:", note)
     else:

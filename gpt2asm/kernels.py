@@ -557,3 +557,130 @@ def _close_all() -> None:
             k.close()
         except Exception:
             pass
+
+
+# --------------------------------------------------------------------------------------------------
+# q8_0 / q4_0 integer kernels, AArch64 (docs/kernels-q0.md; tests/q0ref.py is the numpy model).  The
+# variant inside the neon family is chosen by cpu.q0_isa (dotprod / i8mm where the CPU has them;
+# $GPT2ASM_ARM_Q0=neon forces base ARMv8.0); every variant gives the same bits.
+
+Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}       # bytes of one (tile, block) record
+Q0_BLOCK = 32                                   # inputs per block
+
+
+class ArmQ0:
+    """The checked numpy API of the AArch64 q8_0 / q4_0 kernels: quantize_q8_0, matvec_q8_0, matvec_q4_0,
+    matmul_q8_0, matmul_q4_0.  Weights w: the tiled records (uint8, 64-byte aligned, n_tiles * nb records)."""
+
+    def __init__(self, lib: ctypes.CDLL | None = None, cap: str | None = None, family: str = "neon"):
+        """family "sme2": the matvec and matmul kernels are the sme2 ones (SME2 with SVL 128..512: the caller's choice,
+        as for Kernels); cap: the best neon variant allowed (default $GPT2ASM_ARM_Q0)."""
+        from .cpu import q0_isa
+        self.lib = lib or load_library()
+        P, N = c_void_p, c_size_t
+        self.isa = {op: q0_isa(op, None if lib is None else lib, cap) for op in ("quantize", "matvec", "matmul")}
+        if family == "sme2":
+            self.isa["matvec"] = self.isa["matmul"] = "sme2"
+
+        def bind(name, argtypes):
+            fn = getattr(self.lib, name, None)
+            if fn is None:
+                raise LibraryError(f"{name} is missing from the library: rebuild with `make build`")
+            fn.argtypes, fn.restype = argtypes, None
+            return fn
+        # void gpt2asm_quantize_q8_0_neon(const float *x, int8_t *xq, float *xd, size_t n_in);
+        self._quantize = bind("gpt2asm_quantize_q8_0_neon", [P, P, P, N])
+        # void gpt2asm_matvec_{q8_0,q4_0}_<isa>(const uint8_t *w, const int8_t *xq, const float *xd,
+        #                     const float *b, float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+        self._matvec = {k: bind(f"gpt2asm_matvec_{k}_{self.isa['matvec']}", [P, P, P, P, P, N, N, N])
+                        for k in Q0_RECORD}
+        # void gpt2asm_matmul_{q8_0,q4_0}_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
+        #                     size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
+        #                     size_t tile_begin, size_t tile_end);     (optional until the library has them)
+        from .cpu import Q0_ISAS            # (a library without the chosen variant: the next best)
+        self._matmul = {}
+        for k in Q0_RECORD:
+            isas = ("sme2",) if family == "sme2" else Q0_ISAS[:Q0_ISAS.index(self.isa["matmul"]) + 1]
+            have = [i for i in isas if hasattr(self.lib, f"gpt2asm_matmul_{k}_{i}")]
+            if have:
+                self.isa["matmul"] = have[-1]
+                self._matmul[k] = bind(f"gpt2asm_matmul_{k}_{have[-1]}", [P, P, N, P, N, P, P, N, N, N, N, N])
+
+    @staticmethod
+    def _n_in(n_in) -> int:
+        if not (_is_int(n_in) and 0 < n_in < 1 << 40 and n_in % Q0_BLOCK == 0):
+            raise InvalidArgumentError(f"n_in must be a positive multiple of {Q0_BLOCK}, got {n_in!r}")
+        return int(n_in)
+
+    def _weights(self, kind: str, w, n_in: int) -> int:
+        """Validate tiled records for n_in inputs: n_tiles."""
+        if kind not in Q0_RECORD:
+            raise InvalidArgumentError(f"unknown integer weight type {kind!r}")
+        check(w, "w", np.uint8, aligned=True)
+        per_tile = n_in // Q0_BLOCK * Q0_RECORD[kind]
+        if w.size == 0 or w.size % per_tile:
+            raise InvalidArgumentError(f"w: {w.size} bytes is not a whole number of {kind} tiles of {n_in} "
+                                       f"inputs ({per_tile} bytes each)")
+        return w.size // per_tile
+
+    def _tiles(self, n_tiles: int, tile_begin, tile_end) -> tuple[int, int]:
+        tile_end = n_tiles if tile_end is None else tile_end
+        if not (_is_int(tile_begin) and _is_int(tile_end) and 0 <= tile_begin <= tile_end <= n_tiles):
+            raise InvalidArgumentError(f"tiles [{tile_begin}, {tile_end}) outside 0..{n_tiles}")
+        return int(tile_begin), int(tile_end)
+
+    def quantize_q8_0(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x float32 [n_in] (n_in % 32 == 0) -> (xq int8 [n_in], xd float32 [n_in / 32])."""
+        if not (isinstance(x, np.ndarray) and x.ndim == 1):
+            raise InvalidArgumentError("x: expected a float32 vector")
+        n_in = self._n_in(x.size)
+        px = check(x, "x", np.float32, n_in)
+        xq, xd = np.empty(n_in, np.int8), np.empty(n_in // Q0_BLOCK, np.float32)
+        self._quantize(px, addr(xq), addr(xd), n_in)
+        return xq, xd
+
+    def matvec(self, kind: str, w: np.ndarray, n_in: int, xq: np.ndarray, xd: np.ndarray,
+               b: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
+        """y float32 [64 n_tiles]: outputs of tiles [tile_begin, tile_end) (the rest left uninitialised)."""
+        n_in = self._n_in(n_in)
+        nt = self._weights(kind, w, n_in)
+        tb, te = self._tiles(nt, tile_begin, tile_end)
+        pq = check(xq, "xq", np.int8, n_in)
+        pd = check(xd, "xd", np.float32, n_in // Q0_BLOCK)
+        pb = None if b is None else check(b, "b", np.float32, nt * TILE)
+        y = np.empty(nt * TILE, np.float32)
+        self._matvec[kind](addr(w), pq, pd, pb, addr(y), n_in, tb, te)
+        return y
+
+    def matvec_q8_0(self, w, n_in, xq, xd, b=None, tile_begin=0, tile_end=None) -> np.ndarray:
+        return self.matvec("q8_0", w, n_in, xq, xd, b, tile_begin, tile_end)
+
+    def matvec_q4_0(self, w, n_in, xq, xd, b=None, tile_begin=0, tile_end=None) -> np.ndarray:
+        return self.matvec("q4_0", w, n_in, xq, xd, b, tile_begin, tile_end)
+
+    def matmul(self, kind: str, w: np.ndarray, n_in: int, xq: np.ndarray, xd: np.ndarray,
+               b: np.ndarray | None = None, tile_begin: int = 0, tile_end: int | None = None) -> np.ndarray:
+        """Y float32 [T][64 n_tiles] for xq int8 [T][n_in], xd float32 [T][n_in / 32]: each row the bits of
+        matvec on that row (tiles outside [tile_begin, tile_end) left uninitialised)."""
+        if kind not in self._matmul:
+            raise KernelUnavailableError(f"this library has no AArch64 {kind} matmul kernel")
+        n_in = self._n_in(n_in)
+        nt = self._weights(kind, w, n_in)
+        tb, te = self._tiles(nt, tile_begin, tile_end)
+        if not (isinstance(xq, np.ndarray) and xq.ndim == 2 and xq.shape[1] == n_in):
+            raise InvalidArgumentError(f"xq: expected int8 rows [T][{n_in}]")
+        T = xq.shape[0]
+        pq = check(xq, "xq", np.int8)
+        if not (isinstance(xd, np.ndarray) and xd.shape == (T, n_in // Q0_BLOCK)):
+            raise InvalidArgumentError(f"xd: expected float32 [{T}][{n_in // Q0_BLOCK}]")
+        pd = check(xd, "xd", np.float32)
+        pb = None if b is None else check(b, "b", np.float32, nt * TILE)
+        y = np.empty((T, nt * TILE), np.float32)
+        self._matmul[kind](addr(w), pq, n_in, pd, n_in // Q0_BLOCK, pb, addr(y), nt * TILE, T, n_in, tb, te)
+        return y
+
+    def matmul_q8_0(self, w, n_in, xq, xd, b=None, tile_begin=0, tile_end=None) -> np.ndarray:
+        return self.matmul("q8_0", w, n_in, xq, xd, b, tile_begin, tile_end)
+
+    def matmul_q4_0(self, w, n_in, xq, xd, b=None, tile_begin=0, tile_end=None) -> np.ndarray:
+        return self.matmul("q4_0", w, n_in, xq, xd, b, tile_begin, tile_end)
