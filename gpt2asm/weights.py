@@ -523,7 +523,7 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     embedding, dequantized into wte -- in q8_0); everything else is float32.
     """
     if not isinstance(dtype, str) or dtype not in MATRIX_DTYPES:
-        raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
+        raise InvalidArgumentError(f"dtype must be 'f32', 'f16', 'q8', 'q8_0' or 'q4_0', got {dtype!r}")
     dt = np.dtype(MATRIX_DTYPES[dtype])
     half = dt == np.float16
     file, config_path = _resolve(path)
