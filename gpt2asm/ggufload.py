@@ -387,6 +387,14 @@ class GGUFModel:
                     raise TokenizerError(f"{where}: token {_short(t)} appears twice (ids {seen[t]} and {i})")
                 seen[t] = i
         lines = T._merge_lines("\n".join(merges) + ("\n" if merges else ""), Path(where), vocab)
+        types = self.field("tokenizer.ggml.token_type")
+        if types is not None and (not isinstance(types, list) or len(types) != len(tokens)):
+            raise TokenizerError(f"{where}: tokenizer.ggml.token_type has "
+                                 f"{len(types) if isinstance(types, list) else _short(types)} entries for "
+                                 f"{len(tokens)} tokens")
+        bos = self.field("tokenizer.ggml.bos_token_id")
+        if bos is not None and (not isinstance(bos, int) or not 0 <= bos < len(tokens)):
+            raise TokenizerError(f"{where}: bos_token_id {_short(bos)} is not a token id")
         eos = self.field("tokenizer.ggml.eos_token_id")
         if eos is not None and eos != vocab[T.EOT]:
             raise TokenizerError(f"{where}: eos_token_id is {_short(eos)}, but {T.EOT} has id {vocab[T.EOT]}")
