@@ -85,6 +85,20 @@ def test_f32_gguf_in_every_dtype(ckpt, tmp_path, dtype):
     assert_same_weights(load_gguf_weights(g, dtype), load_weights(ckpt, dtype))
 
 
+def test_bf16_gguf(ckpt, tmp_path):
+    """BF16 tensors are widened exactly (the high half of a float32)."""
+    t = converted_tensors(ckpt)
+    types = {n: "BF16" for n, a in t.items() if a.ndim == 2 and n != "position_embd.weight"}
+    m = GGUFModel(write_gguf(ckpt, tmp_path / "m.gguf", "F32", types=types))
+    assert m.types["blk.0.ffn_up.weight"] == "BF16" and m.file_dtype() == "f32"
+    a = t["blk.0.ffn_up.weight"]
+    want = ((a.view(np.uint32) + 0x7FFF + ((a.view(np.uint32) >> 16) & 1)) >> 16 << 16).view(np.float32)
+    assert bits(m.float32("blk.0.ffn_up.weight")) == bits(want)
+    w = m.weights("f32")
+    from gpt2asm.weights import tile_matrix
+    assert bits(w.layers[0].fc_w) == bits(tile_matrix(want.T))
+
+
 def test_f16_gguf_equals_f16_checkpoint(ckpt16, tmp_path):
     g = write_gguf(ckpt16, tmp_path / "m-F16.gguf", "F16")
     m = GGUFModel(g)
@@ -285,6 +299,29 @@ def test_not_a_file(tmp_path):
     with pytest.raises(CheckpointError, match="no GGUF magic"):
         GPT2.load(tmp_path / "x.gguf")
     assert is_gguf(tmp_path / "x.gguf") and not is_gguf(tmp_path)
+
+
+def test_tokenizer_metadata_shapes(ckpt_tiny, tmp_path):
+    def types_short(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(["a", "b"])
+        w.add_token_types([1])
+    with pytest.raises(TokenizerError):                      # a 2-token vocabulary without the bytes
+        GGUFModel(write_gguf(ckpt_tiny, tmp_path / "a.gguf", "F32", tokenizer=False, hook=types_short)).tokenizer()
+    def llama(w):
+        w.add_tokenizer_model("llama")
+    with pytest.raises(TokenizerError, match="'llama'"):
+        GGUFModel(write_gguf(ckpt_tiny, tmp_path / "b.gguf", "F32", tokenizer=False, hook=llama)).tokenizer()
+    import json
+    tokens = [t for t, _ in sorted(json.loads((ckpt_tiny / "vocab.json").read_text()).items(), key=lambda kv: kv[1])]
+    merges = [ln for ln in (ckpt_tiny / "merges.txt").read_text().split("\n") if ln and not ln.startswith("#")]
+    def bad_types(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(tokens)
+        w.add_token_merges(merges)
+        w.add_token_types([1] * 10)
+    with pytest.raises(TokenizerError, match="token_type has 10 entries"):
+        GGUFModel(write_gguf(ckpt_tiny, tmp_path / "c.gguf", "F32", tokenizer=False, hook=bad_types)).tokenizer()
 
 
 def test_bad_tokenizer_metadata(ckpt_tiny, tmp_path):

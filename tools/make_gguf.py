@@ -72,9 +72,10 @@ def tensor_type(name: str, a: np.ndarray, ftype: str) -> str:
 
 def write_gguf(model_dir, out, ftype: str = "F32", *, output: bool = True, tokenizer: bool = True,
                arch: str = "gpt2", types: dict | None = None, tensors: dict | None = None,
-               config: dict | None = None) -> Path:
+               config: dict | None = None, hook=None) -> Path:
     """Write OUT from the checkpoint in MODEL_DIR (types: per-tensor type overrides; tensors / config:
-    replace what is read -- for tests that write damaged files). Atomic: temp file + rename."""
+    replace what is read; hook(writer): more metadata -- for tests that write damaged files). Atomic: temp
+    file + rename."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     model_dir, out = Path(model_dir), Path(out)
@@ -106,6 +107,8 @@ def write_gguf(model_dir, out, ftype: str = "F32", *, output: bool = True, token
             eot = vocab.get("<|endoftext|>", len(tokens) - 1)
             w.add_bos_token_id(eot)
             w.add_eos_token_id(eot)
+        if hook is not None:
+            hook(w)
         for name, a in t.items():
             typ = (types or {}).get(name) or tensor_type(name, a, ftype)
             if typ == "F32":
