@@ -15,8 +15,9 @@ The file (names as llama.cpp's MODEL_TENSORS[GPT2]; shapes in numpy order, i.e. 
 
 (the converter transposes HF's Conv1D weights, so every matrix is [out][in]); metadata general.architecture
 = "gpt2", gpt2.block_count / context_length / embedding_length / attention.head_count (and, when present,
-feed_forward_length = 4C, attention.layer_norm_epsilon = 1e-5).  The converter writes output.weight as a
-copy of token_embd.weight; a file without it has the head tied to token_embd.
+feed_forward_length = 4C, attention.layer_norm_epsilon = 1e-5).  A file without output.weight (what the
+converter of llama.cpp 0.3.36 writes) has the head tied to token_embd; older converters wrote a copy of
+token_embd.weight as output.weight (then tied_head is True too); a different output.weight is the head.
 
 Tensor types: F32, F16, BF16, Q8_0 and Q4_0 anywhere; Q6_K (what llama-quantize gives GPT-2's output /
 tied embedding in a Q4_0 model) for token_embd / output only.  Anything else is a CheckpointError.

@@ -2,14 +2,15 @@
 """Write a GPT-2 GGUF of a safetensors checkpoint the way llama.cpp's convert_hf_to_gguf.py (GPT2Model) does,
 with gguf.GGUFWriter -- for tests, and for machines without llama.cpp's source.
 
-    python tools/make_gguf.py --model DIR --out model-Q8_0.gguf --type Q8_0 [--no-output] [--no-tokenizer]
+    python tools/make_gguf.py --model DIR --out model-Q8_0.gguf --type Q8_0 [--output] [--no-tokenizer]
 
 What the converter writes, and so this tool:
   - names: wte -> token_embd.weight, wpe -> position_embd.weight, h.N.ln_1 -> blk.N.attn_norm,
     h.N.attn.c_attn -> blk.N.attn_qkv, h.N.attn.c_proj -> blk.N.attn_output, h.N.ln_2 -> blk.N.ffn_norm,
     h.N.mlp.c_fc -> blk.N.ffn_up, h.N.mlp.c_proj -> blk.N.ffn_down, ln_f -> output_norm; the causal-mask
-    buffers h.N.attn.bias / masked_bias are dropped; the Conv1D weights are transposed ([out][in]);
-    output.weight is written as a copy of token_embd.weight (--no-output: left out, the head tied);
+    buffers h.N.attn.bias / masked_bias are dropped; the Conv1D weights are transposed ([out][in]); no
+    output.weight (the head tied to token_embd), as the converter of llama.cpp 0.3.36's sdist writes it
+    (older converters wrote a copy of token_embd.weight as output.weight: --output);
   - types: 1-D tensors, position_embd and biases F32; the other 2-D weights F32 / F16 / Q8_0 (--type), by
     gguf.quants (ggml's reference quantizers).  --type Q4_0 (llama-quantize's job, not the converter's):
     the block matrices Q4_0, token_embd / output Q8_0 (llama-quantize would give the head Q6_K, which
@@ -47,7 +48,7 @@ def gguf_name(hf: str) -> str:
     raise ValueError(f"no GGUF name for {hf!r}")
 
 
-def converted_tensors(model_dir: Path, output: bool = True) -> dict[str, np.ndarray]:
+def converted_tensors(model_dir: Path, output: bool = False) -> dict[str, np.ndarray]:
     """GGUF name -> float array in the converter's orientation ([out][in] matrices)."""
     from safetensors.numpy import load_file
     out = {}
@@ -70,7 +71,7 @@ def tensor_type(name: str, a: np.ndarray, ftype: str) -> str:
     return ftype
 
 
-def write_gguf(model_dir, out, ftype: str = "F32", *, output: bool = True, tokenizer: bool = True,
+def write_gguf(model_dir, out, ftype: str = "F32", *, output: bool = False, tokenizer: bool = True,
                arch: str = "gpt2", types: dict | None = None, tensors: dict | None = None,
                config: dict | None = None, hook=None) -> Path:
     """Write OUT from the checkpoint in MODEL_DIR (types: per-tensor type overrides; tensors / config:
@@ -134,10 +135,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True, help="checkpoint directory (model.safetensors, config.json)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--type", default="F32", choices=list(FILE_TYPE))
-    ap.add_argument("--no-output", action="store_true", help="leave output.weight out (head tied)")
+    ap.add_argument("--output", action="store_true", help="write output.weight (a copy of token_embd.weight)")
     ap.add_argument("--no-tokenizer", action="store_true")
     a = ap.parse_args(argv)
-    p = write_gguf(a.model, a.out, a.type, output=not a.no_output, tokenizer=not a.no_tokenizer)
+    p = write_gguf(a.model, a.out, a.type, output=a.output, tokenizer=not a.no_tokenizer)
     print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, {a.type})")
     return 0
 
