@@ -184,20 +184,23 @@ class GPT2:
         dtype = DTYPES[dtype.lower()] if dtype is not None else None
         threads = _int_arg("threads", threads, 1, 256)
         gguf_file = ggufload.resolve(path_or_name)
-        g = ggufload.GGUFModel(gguf_file) if gguf_file is not None else None    # validated: header, tensors
-        dtype = dtype or (g.file_dtype() if g is not None else "f32")
         kernels = Kernels(isa, threads)                 # probe first: fail fast on an unusable CPU
         try:
+            if gguf_file is not None:                   # GGUF: weights and tokenizer from the one file
+                if dtype is not None:
+                    _check_kernels_for(dtype, kernels)
+                weights, tok, _ = ggufload.load_gguf(gguf_file, dtype)      # dtype None: the file's own
+                dtype = weights.dtype
+            dtype = dtype or "f32"
             _check_kernels_for(dtype, kernels)
             if dtype == "q8" and not getattr(kernels, "has_q8", True):
                 raise InvalidArgumentError(
                     f"dtype 'q8' needs int8 kernels, which the kernel family {kernels.family!r} does not have; "
                     f"use dtype 'f32' or 'f16', or another kernel family")
-            if g is not None:                           # GGUF: weights and tokenizer from the one file
-                tok = g.tokenizer()
-                model = Transformer(g.weights(dtype), kernels, kv)
+            if gguf_file is not None:
+                model = Transformer(weights, kernels, kv)
                 model.start_resident()
-                return cls(model, tok, g.path)
+                return cls(model, tok, gguf_file)
             d = find_model_dir(path_or_name, download=download, progress=progress)
             weights = load_weights(d, dtype)
             tok = Tokenizer.from_dir(d)

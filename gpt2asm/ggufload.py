@@ -35,12 +35,14 @@ Q4_0 -> q4_0) decides the engine's arrays, and each tensor is used as follows:
     Q8_0 / Q4_0, else token_embd quantized to q8_0 and dequantized (as from a checkpoint).
 Vectors (norms, biases) and the position embedding are dequantized to float32.
 
-A GGUF is never tile-cached (every load repacks it; see README).  Every problem -- not a GGUF, another
+load_gguf (what GPT2.load uses) caches a validated cold load whole in the tile cache, so a warm start reads
+only the cache (see "warm start" below); GGUFModel / load_gguf_weights always parse and repack.  Every problem -- not a GGUF, another
 architecture, truncated or damaged, missing or unexpected tensors, wrong shapes, unsupported types,
 non-finite values -- is a CheckpointError (TokenizerError for the tokenizer's metadata).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -414,3 +416,223 @@ def resolve(spec) -> Path | None:
     if spec is None or not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
         return None
     return Path(spec).expanduser() if is_gguf(spec) else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# warm start: the tile cache holds everything a GGUF load produces
+#
+# GGUFReader parses every metadata field in Python (GPT-2's 50k tokens and 50k merges: seconds), and the
+# blocks are repacked at every cold load. A validated cold load is therefore cached whole, in the tile cache
+# (gpt2asm.tilecache's file format, directory, eviction and atomic writes), one file per (GGUF, run dtype),
+# layout 'gguf-<dtype>': every array of the Weights (matrices, head, wte, vectors, wpe), the configuration,
+# the tied flag, and the tokenizer's tokens and merge lines (UTF-8, newline-separated: byte-level tokens hold
+# no newline). Its key is tilecache.source_key of the GGUF (path, device, inode, size, mtime, ctime, 64 samples
+# of 4 KiB, the code of this module and of the ones laying the arrays out): a changed file is a new key and
+# is loaded cold. A warm load reads nothing of the GGUF but the key's samples; the arrays are checked against
+# the shapes the cached configuration implies, and any mismatch or damage means a cold load.
+
+_CACHE_EXTRA = ("<f4", "<f2", "|i1", "|u1", "<i4", "<i8")
+_VEC_FIELDS = ("ln1_g", "ln1_b", "attn_b", "attn_proj_b", "ln2_g", "ln2_b", "fc_b", "proj_b")
+
+
+def _cache_layout(dtype: str):
+    from . import tilecache as tc
+    name = f"gguf-{dtype}"
+    if name not in tc.LAYOUTS:
+        def refuse(*a, **k):
+            raise InvalidArgumentError(f"{name} is the GGUF cache's layout, not a dtype")
+        tc.register_layout(tc.Layout(name, 1, refuse, _stored, refuse, refuse,
+                                     ("gpt2asm.weights", "gpt2asm.quant", "gpt2asm.quant0", "gpt2asm.ggufload"),
+                                     _CACHE_EXTRA))
+    return tc.LAYOUTS[name]
+
+
+class _Bundle:
+    """What _write_cache stores: the Weights and the tokenizer's text."""
+
+    def __init__(self, w: Weights, tok, file_dtype: str):
+        self.w, self.tok, self.file_dtype = w, tok, file_dtype
+
+
+def _text(lines: list[str]) -> np.ndarray:
+    raw = "\n".join(lines).encode("utf-8")
+    a = np.frombuffer(raw, np.uint8) if raw else np.zeros(0, np.uint8)
+    return np.ascontiguousarray(a)
+
+
+def _stored(b: _Bundle) -> dict:
+    w, out = b.w, {}
+    c = w.config
+    out["gguf.config"] = np.array([c.n_layer, c.n_embd, c.n_head, c.n_ctx, c.vocab_size, int(w.tied_head)],
+                                  np.int64)
+    for i, L in enumerate(w.layers):
+        for f in dataclasses.fields(L):
+            v = getattr(L, f.name)
+            if isinstance(v, np.ndarray):
+                out[f"h.{i}.{f.name}"] = v
+    for f in ("wte", "wpe", "ln_f_g", "ln_f_b", "head_w", "head_s"):
+        v = getattr(w, f)
+        if isinstance(v, np.ndarray):
+            out[f] = v
+    tokens = list(b.tok.encoder)                     # in id order (built from the token list)
+    out["tok.tokens"] = _text(tokens)
+    out["tok.merges"] = _text(list(b.tok.ranks))
+    out["tok.ranks"] = np.fromiter(b.tok.ranks.values(), np.int64, len(b.tok.ranks))
+    out["gguf.source_dtype"] = _text([w.source_dtype])
+    out["gguf.file_dtype"] = _text([b.file_dtype])
+    return out
+
+
+def _expected_arrays(cfg: GPT2Config, dtype: str) -> dict:
+    """name -> (np.dtype, shape) of every array the cold load of this configuration and dtype gives."""
+    C, V = cfg.n_embd, cfg.vocab_size
+    f32 = np.dtype(np.float32)
+    pad = lambda n: (f32, (-(-n // TILE) * TILE,))          # noqa: E731
+    out = {}
+
+    def mat(name, n_out, n_in, kind):
+        if kind in Q0_DTYPES:
+            out[name] = (np.dtype(np.uint8), quant0.tiled_shape(n_out, n_in, kind))
+        else:
+            out[name] = (np.dtype(MATRIX_DTYPES[kind]), (-(-n_out // TILE), n_in, TILE))
+            if kind == "q8":
+                out[name[:-2] + "_s"] = (f32, (-(-n_out // TILE) * TILE,))
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        for f, (_, (o, k)) in _matrix_names(i).items():
+            mat(p + f, o * C, k * C, dtype)
+        for f, (_, k) in _vector_names(i).items():
+            out[p + f] = pad(k * C)
+    mat("head_w", V, C, quant0.HEAD_KIND if dtype in Q0_DTYPES else dtype)
+    out.update({"wte": (f32, (V, C)), "wpe": (f32, (cfg.n_ctx, C)), "ln_f_g": pad(C), "ln_f_b": pad(C)})
+    return out
+
+
+def _assemble(arrays: dict, path: Path, dtype: str):
+    """(Weights, Tokenizer) from a cache's arrays; CacheMiss when they do not fit together."""
+    from . import tilecache as tc
+    from . import tokenizer as T
+    c = arrays.get("gguf.config")
+    if c is None or c.shape != (6,) or c.dtype != np.int64:
+        raise tc.CacheMiss("no configuration")
+    try:
+        cfg = GPT2Config(*(int(x) for x in c[:5]))
+    except CheckpointError as e:
+        raise tc.CacheMiss(f"bad configuration: {e}") from None
+    want = _expected_arrays(cfg, dtype)
+    for name, (dt, shape) in want.items():
+        a = arrays.get(name)
+        if a is None or a.dtype != dt or a.shape != shape:
+            raise tc.CacheMiss(f"{name}: not the array the configuration implies")
+    known = set(want) | {"gguf.config", "tok.tokens", "tok.merges", "tok.ranks", "gguf.source_dtype",
+                         "gguf.file_dtype"}
+    if set(arrays) - known:
+        raise tc.CacheMiss(f"unexpected arrays: {', '.join(sorted(set(arrays) - known)[:3])}")
+    try:
+        tokens = bytes(arrays["tok.tokens"]).decode("utf-8").split("\n")
+        merges = bytes(arrays["tok.merges"]).decode("utf-8")
+        source = bytes(arrays["gguf.source_dtype"]).decode("utf-8")
+        own = bytes(arrays["gguf.file_dtype"]).decode("utf-8")
+        ranks = arrays["tok.ranks"]
+    except (KeyError, UnicodeDecodeError):
+        raise tc.CacheMiss("bad tokenizer text") from None
+    vocab = dict(zip(tokens, range(len(tokens))))
+    if len(vocab) != len(tokens) or not T._vocab_ok(vocab) or len(tokens) > cfg.vocab_size:
+        raise tc.CacheMiss("bad tokenizer")
+    lines = merges.split("\n") if merges else []
+    if ranks.dtype != np.int64 or ranks.shape != (len(lines),):
+        raise tc.CacheMiss("bad merge ranks")
+    tok = T.Tokenizer._from_parsed(vocab, lines, tokens)
+    tok.ranks = dict(zip(lines, ranks.tolist()))
+    layers = []
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        layers.append(Layer(**{k[len(p):]: v for k, v in arrays.items() if k.startswith(p)}))
+    w = Weights(config=cfg, dtype=dtype, wte=arrays["wte"], wpe=arrays["wpe"], ln_f_g=arrays["ln_f_g"],
+                ln_f_b=arrays["ln_f_b"], head_w=arrays["head_w"], head_b=None,
+                n_vocab_padded=-(-cfg.vocab_size // TILE) * TILE, layers=layers, tied_head=bool(c[5]),
+                wte_is_mapped=False, path=path, source_dtype=source, head_s=arrays.get("head_s"))
+    return w, tok, own
+
+
+def _cached_dtypes(root: Path, p: Path) -> list[str]:
+    from . import tilecache as tc
+    pat = tc.cache_file(root, p, _cache_layout("f32").dtype).name.replace(".gguf-f32.", ".gguf-*.")
+    try:
+        names = [h.name for h in root.glob(pat)]
+    except OSError:
+        return []
+    return sorted({d for d in (n.split(".gguf-")[-1].split(".")[0] for n in names) if d in MATRIX_DTYPES})
+
+
+def _warm(root: Path, p: Path, run: str, own_only: bool):
+    """-> ((Weights, Tokenizer, cache path), None) or (None, (reason, key or None, key time, cache path))."""
+    import time
+    from . import tilecache as tc
+    layout = _cache_layout(run)
+    cpath = tc.cache_file(root, p, layout.dtype)
+    t_key = time.time()
+    try:
+        key = tc.source_key(p, None, layout.dtype)
+    except OSError as e:
+        return None, (f"cannot read the file for its key: {e}", None, t_key, cpath)
+    try:
+        verify = os.environ.get("GPT2ASM_CACHE_VERIFY", "").strip().lower() not in ("", *tc.OFF)
+        arrays = tc._open_cache(cpath, key, {}, layout.extra_dtypes, verify)
+        w, tok, own = _assemble(arrays, p, run)
+        if own_only and own != run:
+            raise tc.CacheMiss(f"cached as dtype {run}, the file's own is {own}")
+        tc._touch(cpath)
+        return (w, tok, cpath), None
+    except tc.CacheMiss as e:
+        return None, (str(e), key, t_key, cpath)
+    except Exception as e:                                # the cold path is always right
+        return None, (f"warm path failed: {type(e).__name__}: {e}", key, t_key, cpath)
+
+
+def load_gguf(path, dtype: str | None = None, cache_dir=None):
+    """(Weights, Tokenizer, tilecache.CacheInfo) of a GGUF: from the tile cache when it holds this file as it
+    is now, else a cold load (GGUFModel) that is then cached. dtype None: the file's own (recorded in the
+    cache file, so a warm start need not parse the GGUF to know it)."""
+    import time
+    from . import tilecache as tc
+    t0 = time.perf_counter()
+    p = Path(path).expanduser()
+    if dtype is not None and (not isinstance(dtype, str) or dtype not in MATRIX_DTYPES):
+        raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
+    root = tc.cache_root(cache_dir)
+    if root is None or not p.is_file():
+        g = GGUFModel(p)                                  # (a missing file: the loader's error)
+        return g.weights(dtype), g.tokenizer(), tc.CacheInfo("cold", "cache disabled ($GPT2ASM_CACHE=off)",
+                                                             None, time.perf_counter() - t0)
+    g = None
+    if dtype is None:
+        for cand in _cached_dtypes(root, p):
+            hit, _ = _warm(root, p, cand, own_only=True)
+            if hit:
+                return hit[0], hit[1], tc.CacheInfo("warm", "", hit[2], time.perf_counter() - t0)
+        g = GGUFModel(p)
+        dtype = g.file_dtype()
+    hit, miss = _warm(root, p, dtype, own_only=False)
+    if hit:
+        return hit[0], hit[1], tc.CacheInfo("warm", "", hit[2], time.perf_counter() - t0)
+    reason, key, t_key, cpath = miss
+    g = g or GGUFModel(p)
+    w, tok = g.weights(dtype), g.tokenizer()
+    done = lambda status, why: (w, tok, tc.CacheInfo(status, why, cpath, time.perf_counter() - t0))  # noqa: E731
+    if key is None:
+        return done("cold", reason)
+    try:
+        st = os.stat(p)
+        if {k: key[k] for k in tc._stat_key(st)} != tc._stat_key(st):
+            return done("cold", f"{reason}; not written: the file changed while loading")
+        if t_key - key["ctime_ns"] / 1e9 < tc.RACY_SECONDS:
+            return done("cold", f"{reason}; not written: the file changed just now")
+        with tc._lock:
+            os.makedirs(root, exist_ok=True)
+            tc._write_cache(cpath, key, _cache_layout(dtype), _Bundle(w, tok, g.file_dtype()))
+            tc._remove_other_versions(cpath)
+            tc._evict(root, cpath)
+    except (OSError, ValueError) as e:
+        return done("cold", f"{reason}; not written: {e}")
+    return done("built", reason)

@@ -371,3 +371,80 @@ def test_llamacpp_converter(ckpt_tiny, tmp_path, outtype, dtype):
     tok, ref = GGUFModel(out).tokenizer(), Tokenizer.from_dir(ckpt_tiny, cache_dir=False)
     assert tok.encode("Hello world") == [15496, 995]
     assert tok.encoder == ref.encoder and tok.ranks == ref.ranks and tok.eot_id == ref.eot_id
+
+
+# ---------------------------------------------------------------------------------------------------
+# warm start: load_gguf caches everything a cold load gives
+
+def _tok_same(a, b) -> None:
+    assert a.encoder == b.encoder and a.ranks == b.ranks and a.eot_id == b.eot_id
+    assert a.decode_bytes(range(a.vocab_size)) == b.decode_bytes(range(b.vocab_size))
+
+
+@pytest.mark.parametrize("ftype,dtype", [("Q8_0", None), ("Q8_0", "f32"), ("Q4_0", None), ("F16", "q8")])
+def test_gguf_warm_equals_cold(ckpt_tiny, tmp_path, monkeypatch, ftype, dtype):
+    import time
+    from gpt2asm import tilecache as tc
+    from gpt2asm.ggufload import load_gguf
+    monkeypatch.setattr(tc, "RACY_SECONDS", 0.0)
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", ftype)
+    m = GGUFModel(g)
+    cold, ctok = m.weights(dtype), m.tokenizer()
+    for want in ("built", "warm", "warm"):
+        t0 = time.perf_counter()
+        w, tok, info = load_gguf(g, dtype, tmp_path / "cache")
+        assert info.status == want, info
+        assert_same_weights(w, cold, tied=cold.tied_head)
+        assert (w.source_dtype, w.path) == (cold.source_dtype, cold.path)
+        _tok_same(tok, ctok)
+    print(f"\nwarm GGUF {ftype} -> {w.dtype}: {time.perf_counter() - t0:.3f} s")
+    assert not w.layers[0].fc_w.flags.writeable                       # mapped
+    # the file changes: a new key, loaded cold again
+    write_gguf(ckpt_tiny, g, ftype, output=True)
+    w, tok, info = load_gguf(g, dtype, tmp_path / "cache")
+    assert info.status == "built" and "stale" in info.reason and w.tied_head      # output.weight: a copy
+
+
+def test_gguf_without_tokenizer(ckpt, tmp_path, monkeypatch):
+    """GPT2.load needs the tokenizer from the metadata: without it, a TokenizerError and nothing cached."""
+    from gpt2asm import tilecache as tc
+    from gpt2asm.ggufload import load_gguf
+    monkeypatch.setattr(tc, "RACY_SECONDS", 0.0)
+    g = write_gguf(ckpt, tmp_path / "m.gguf", "Q8_0", tokenizer=False)
+    cdir = tmp_path / "cache"
+    with pytest.raises(TokenizerError):
+        load_gguf(g, "f32", cdir)
+    assert not list(cdir.glob("*.tiles"))
+    assert load_gguf_weights(g).dtype == "q8_0"              # the weights alone load
+
+
+def test_gguf_cache_dtype_none_after_another_dtype(ckpt_tiny, tmp_path, monkeypatch):
+    """A cache of a Q8_0 GGUF run as f32 is not what dtype None (the file's own, q8_0) takes."""
+    from gpt2asm import tilecache as tc
+    from gpt2asm.ggufload import load_gguf
+    monkeypatch.setattr(tc, "RACY_SECONDS", 0.0)
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "Q8_0")
+    cdir = tmp_path / "cache"
+    assert load_gguf(g, "f32", cdir)[2].status == "built"
+    w, _, info = load_gguf(g, None, cdir)
+    assert w.dtype == "q8_0" and info.status == "built"
+    for dt in (None, "f32"):
+        w, _, info = load_gguf(g, dt, cdir)
+        assert info.status == "warm" and w.dtype == (dt or "q8_0")
+
+
+def test_gguf_corrupt_cache_is_rebuilt(ckpt_tiny, tmp_path, monkeypatch):
+    from gpt2asm import tilecache as tc
+    from gpt2asm.ggufload import load_gguf
+    monkeypatch.setattr(tc, "RACY_SECONDS", 0.0)
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "Q4_0")
+    cdir = tmp_path / "cache"
+    cold = load_gguf(g, None, cdir)[0]
+    (f,) = cdir.glob("*.tiles")
+    raw = bytearray(f.read_bytes())
+    raw[-5000] ^= 0xFF                                        # in the data
+    raw[200] ^= 0x01                                          # in the header
+    f.write_bytes(bytes(raw))
+    w, _, info = load_gguf(g, None, cdir)
+    assert info.status == "built", info
+    assert_same_weights(w, cold)
