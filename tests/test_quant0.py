@@ -103,11 +103,12 @@ def test_tile_equals_q0ref(kind, n_out):
     rq2, rd2 = q0ref.untile(t, kind, n_out, n_in)
     assert bits(rq2) == bits(q) and bits(rd2) == bits(d)
     # padding outputs: quants 0 (q4_0: nibble 8), scales +0.0
-    pad = t.reshape(-1, q0ref.RECORD[kind])
     if n_out % 64:
         last = t[-1]
         scales = last[:, :128].copy().view(np.uint16)[:, n_out % 64:]
         assert (scales == 0).all()
+        pq, _ = Q.untile(t, kind, len(t) * 64, n_in)
+        assert (pq[n_out:] == 0).all()
 
 
 def test_matvec_of_tiled_weights_matches_q0ref():
