@@ -23,7 +23,7 @@ run: models                  ## the main job: 60 tokens after the prompt, seeded
 	$(PYTHON) -m gpt2asm --model $(MODEL) -n 60 --seed 1 "$(PROMPT)"
 
 test-deps: setup
-	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0 huggingface_hub -r tests/requirements-emu.txt
+	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0 huggingface_hub gguf -r tests/requirements-emu.txt
 
 test: test-deps              ## the whole test suite (kernels, tokenizer, model, parity, CLI)
 	$(PYTEST) -q tests

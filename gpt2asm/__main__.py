@@ -1,7 +1,8 @@
 """python -m gpt2asm [options] PROMPT — generate text with GPT-2 on hand-written assembly kernels.
 
 Compatible with the seed tool gpt2.s: -n, -t, -s, -j, -h (fp16; help is --help), -i.
-Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one fp32 scale per output row).
+Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one fp32 scale per output row)
+| q8_0 | q4_0 (llama.cpp's blocks of 32; need the integer kernels). --model FILE.gguf: a GPT-2 GGUF.
 Exit status: 0 done, 2 a user error (one message on stderr, no traceback), 130 interrupted (Ctrl-C; the
 stats line is still printed).
 """
@@ -17,7 +18,8 @@ from .errors import GPT2AsmError
 from .cpu import FAMILIES
 from .lib import ARCH
 
-DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8"}     # --dtype -> the stats line's name
+DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8",      # --dtype -> the stats line's name
+                "q8_0": "q8_0", "q4_0": "q4_0"}
 
 
 def positive_int(lo: int, hi: int):
@@ -50,8 +52,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-h", dest="fp16", action="store_true",
                     help="fp16 weight matrices (half the memory traffic; same as --dtype f16)")
     ap.add_argument("--dtype", choices=DTYPE_LABELS, default=None,
-                    help="weight matrices: f32 (default), f16 (as -h) or q8 (int8 with one fp32 scale per "
-                         "output row: a quarter of f32's memory traffic; logits close to f32's, not the same)")
+                    help="weight matrices: f32 (default; a GGUF's own type for a .gguf), f16 (as -h), q8 (int8 "
+                         "with one fp32 scale per output row: a quarter of f32's memory traffic; logits close to "
+                         "f32's, not the same), q8_0 or q4_0 (llama.cpp's blocks of 32 inputs with an fp16 scale)")
     ap.add_argument("--kv", choices=("f32", "f16"), default=None,
                     help="KV cache: f32 or f16 (default: f32 with f32 weights, f16 with f16 and q8 -- half the "
                          "bytes attention reads at long context)")
@@ -59,8 +62,9 @@ def parser() -> argparse.ArgumentParser:
                     help="print token ids: line 1 the prompt, line 2 the output")
     ap.add_argument("--seed", type=int, default=None,
                     help="PRNG seed for sampling (default: random)")
-    ap.add_argument("--model", metavar="DIR|NAME", default=None,
-                    help="directory with model.safetensors, vocab.json, merges.txt (+ config.json), or a hub "
+    ap.add_argument("--model", metavar="DIR|FILE|NAME", default=None,
+                    help="directory with model.safetensors, vocab.json, merges.txt (+ config.json), a GPT-2 "
+                         "GGUF file (llama.cpp's; F32/F16/Q8_0/Q4_0, tokenizer from its metadata), or a hub "
                          "name: gpt2, distilgpt2, gpt2-medium, gpt2-large, gpt2-xl (from the Hugging Face cache, "
                          "else downloaded). Default: $GPT2ASM_MODEL, else the current directory, else gpt2")
     ap.add_argument("--offline", action="store_true",
@@ -75,11 +79,12 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def weight_dtype(ap: argparse.ArgumentParser, args) -> str:
-    """-h and --dtype -> 'f32' | 'f16' | 'q8' (-h with another --dtype is a usage error)."""
+def weight_dtype(ap: argparse.ArgumentParser, args) -> str | None:
+    """-h and --dtype -> 'f32' | 'f16' | 'q8' | 'q8_0' | 'q4_0', or None (f32; a GGUF's own type) when
+    neither is given (-h with another --dtype is a usage error)."""
     if args.fp16 and args.dtype not in (None, "f16"):
         ap.error(f"-h (fp16) contradicts --dtype {args.dtype}")
-    return "f16" if args.fp16 else (args.dtype or "f32")
+    return "f16" if args.fp16 else args.dtype
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         n, dt = stats.get("generated", 0), stats.get("decode_s", 0.0)
         rate = (n - 1) / dt if n > 1 and dt > 0 else 0.0
         print(f"[gpt2asm] {stats['prompt']} prompt + {n} generated tokens, {rate:.1f} tok/s "
-              f"({model.isa}, {DTYPE_LABELS[dtype]}, -j {args.j}; load {load_s:.2f} s)"
+              f"({model.isa}, {DTYPE_LABELS[model.dtype]}, -j {args.j}; load {load_s:.2f} s)"
               + ("; interrupted" if stats.get("interrupted") else ""), file=sys.stderr)
     return status
 

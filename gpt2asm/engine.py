@@ -30,18 +30,19 @@ from typing import Iterator
 
 import numpy as np
 
+from . import ggufload
 from .args import integer, token_ids
-from .errors import ContextOverflowError, InvalidArgumentError, TokenizerError
+from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError, TokenizerError
 from .files import find_model_dir, is_random_init
 from .kernels import Kernels
 from .model import Transformer
 from .sampler import Sampler
 from .tokenizer import Tokenizer
 from .tilecache import load_weights_cached as load_weights   # warm start: tiles mapped from disk
-from .weights import MATRIX_DTYPES
+from .weights import MATRIX_DTYPES, Q0_DTYPES
 
 DTYPES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16",
-          "q8": "q8", "int8": "q8"}
+          "q8": "q8", "int8": "q8", "q8_0": "q8_0", "q4_0": "q4_0"}
 DTYPE_NAMES = tuple(MATRIX_DTYPES)             # the canonical names (Weights.dtype, GPT2.dtype)
 
 
@@ -102,6 +103,17 @@ class _TextStream:
 
 # ----------------------------------------------------------------------------------------------------
 
+def _check_kernels_for(dtype: str, kernels) -> None:
+    """q8_0 / q4_0 need the integer kernels and their plan jobs (docs/kernels-q0.md): until the library and
+    the plan have them (Kernels.has_q8_0 / has_q4_0), say so -- never fall back to another dtype."""
+    if dtype in Q0_DTYPES and not getattr(kernels, f"has_{dtype}", False):
+        raise KernelUnavailableError(
+            f"dtype {dtype!r} needs the integer kernels gpt2asm_quantize_q8_0 / gpt2asm_matvec_{dtype} / "
+            f"gpt2asm_matmul_{dtype} and their plan jobs (docs/kernels-q0.md), which this build does not have "
+            f"yet for the kernel family {kernels.family!r}; run dtype 'f32', 'f16' or 'q8' (the weights "
+            f"themselves load: gpt2asm.tilecache.load_weights_cached(path, {dtype!r}))")
+
+
 class GPT2:
     def __init__(self, transformer: Transformer, tokenizer: Tokenizer, model_dir: Path | None = None):
         self.model, self.tokenizer, self.model_dir = transformer, tokenizer, model_dir
@@ -116,28 +128,46 @@ class GPT2:
         self.n_sample = tokenizer.vocab_size
 
     @classmethod
-    def load(cls, path_or_name: str | os.PathLike | None = None, dtype: str = "f32", isa: str | int | None = None,
+    def load(cls, path_or_name: str | os.PathLike | None = None, dtype: str | None = None,
+             isa: str | int | None = None,
              threads: int = 1, *, download: bool = True, progress: bool = True, kv: str | None = None) -> "GPT2":
         """Load a model: a directory with model.safetensors, vocab.json, merges.txt (+ config.json), a
         .safetensors file, or a hub name (gpt2, distilgpt2, gpt2-medium, gpt2-large, gpt2-xl; taken from
         the Hugging Face cache or downloaded, unless download=False). None: $GPT2ASM_MODEL, the current
         directory, then 'gpt2'.
 
-        dtype 'f32', 'f16' (weight matrices stored as fp16) or 'q8' (int8 weight matrices, one fp32 scale
-        per output row: a quarter of the memory traffic, logits close to but not the bits of f32); isa a
+        A .gguf file (llama.cpp's GPT-2 GGUF: F32/F16/Q8_0/Q4_0 tensors) is read with its tokenizer from
+        its metadata (gpt2asm.ggufload).
+
+        dtype 'f32', 'f16' (weight matrices stored as fp16), 'q8' (int8 weight matrices, one fp32 scale
+        per output row: a quarter of the memory traffic, logits close to but not the bits of f32), 'q8_0'
+        or 'q4_0' (llama.cpp's blocks of 32; these need the integer kernels -- KernelUnavailableError until
+        the library and the plan have them); None = f32, or a GGUF's own type; isa a
         kernel family name or index (None = best available, or $GPT2ASM_ISA); threads share each matrix
         product (same output); kv the KV cache's dtype, 'f32' or 'f16' (None: f32 with f32 weights, f16
         with f16 and q8 -- half the bytes attention reads; logits close to an f32 cache's, not the same)."""
-        if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
+        if dtype is not None and (not isinstance(dtype, str) or dtype.lower() not in DTYPES):
             raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
-        dtype = DTYPES[dtype.lower()]
+        dtype = DTYPES[dtype.lower()] if dtype is not None else None
         threads = integer("threads", threads, 1, 256)
+        gguf_file = ggufload.resolve(path_or_name)
         kernels = Kernels(isa, threads)                 # probe first: fail fast on an unusable CPU
         try:
+            if gguf_file is not None:                   # GGUF: weights and tokenizer from the one file
+                if dtype is not None:
+                    _check_kernels_for(dtype, kernels)
+                weights, tok, _ = ggufload.load_gguf(gguf_file, dtype)      # dtype None: the file's own
+                dtype = weights.dtype
+            dtype = dtype or "f32"
+            _check_kernels_for(dtype, kernels)
             if dtype == "q8" and not getattr(kernels, "has_q8", True):
                 raise InvalidArgumentError(
                     f"dtype 'q8' needs int8 kernels, which the kernel family {kernels.family!r} does not have; "
                     f"use dtype 'f32' or 'f16', or another kernel family")
+            if gguf_file is not None:
+                model = Transformer(weights, kernels, kv)
+                model.start_resident()
+                return cls(model, tok, gguf_file)
             d = find_model_dir(path_or_name, download=download, progress=progress)
             weights = load_weights(d, dtype)
             tok = Tokenizer.from_dir(d)

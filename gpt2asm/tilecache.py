@@ -45,7 +45,8 @@ key, that every array the layout expects for this checkpoint's config is there w
 data area and non-overlapping, and the data samples; the engine then checks each array it uses.
 $GPT2ASM_CACHE_VERIFY=1 also checks a CRC-32 of every array (about 0.3 s per 650 MB).
 
-Layouts: 'f32', 'f16' and 'q8' are built in. Another weight format registers a Layout (register_layout):
+Layouts: 'f32', 'f16', 'q8', 'q8_0' and 'q4_0' are built in ('q8_0' / 'q4_0': q0_expected, uint8 block
+records of gpt2asm.quant0 and wte, the dequantized q8_0 embedding, always stored). Another weight format registers a Layout (register_layout):
 its cold loader, the arrays it stores, the arrays a valid cache must hold, how to assemble a Weights. The
 generic pieces: tiled_stored stores every array field of Layer / Weights that is not read from the
 checkpoint (so fields such as the q8 scales are carried), tiled_expected(ld, dtype, mat_dtype) gives the
@@ -193,10 +194,11 @@ def tiled_expected(ld, dtype: str, mat_dtype=None) -> dict:
     return out
 
 
-def tiled_assemble(ld, dtype: str, arrays: dict, weights_cls=None, layer_cls=None):
+def tiled_assemble(ld, dtype: str, arrays: dict, weights_cls=None, layer_cls=None, cached_wte: bool = False):
     """What the cold loader returns, with the stored arrays mapped and every other tensor read and
     validated from the checkpoint as weights.load_weights does (vectors padded, wpe copied, a mappable
-    wte viewed and checked). Fields of Layer / Weights that are neither are left to their defaults."""
+    wte viewed and checked; with cached_wte, wte is the stored one). Fields of Layer / Weights that are
+    neither are left to their defaults."""
     weights_cls, layer_cls = weights_cls or W.Weights, layer_cls or W.Layer
     cfg = ld.config
     layers = []
@@ -206,7 +208,7 @@ def tiled_assemble(ld, dtype: str, arrays: dict, weights_cls=None, layer_cls=Non
         kw.update({k[len(p):]: v for k, v in arrays.items() if k.startswith(p)})
         layers.append(layer_cls(**kw))
     tied = "lm_head.weight" not in ld.names
-    mapped = _wte_mappable(ld)
+    mapped = not cached_wte and _wte_mappable(ld)
     wte = ld.tensor("wte.weight", f16_target=tied and dtype == "f16") if mapped else arrays["wte"]
     stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
     top = {k: v for k, v in arrays.items() if not k.startswith("h.") and k != "wte"}
@@ -236,6 +238,34 @@ for _dt in ("f32", "f16"):
 # int8 tiles + per-output scales; the quantiser's source is part of the key (a change re-quantises)
 register_layout(Layout("q8", 1, W.load_weights, tiled_stored, q8_expected, tiled_assemble,
                        ("gpt2asm.weights", "gpt2asm.quant"), _NUMERIC))
+
+
+
+
+def q0_expected(ld, dtype: str) -> dict:
+    """The q8_0 / q4_0 layouts (gpt2asm.quant0): every block matrix as uint8 records [ceil(out/64)][in/32]
+    [RECORD[dtype]], the head as q8_0 records, and wte: the dequantized q8_0 embedding, float32 [V][C]."""
+    from . import quant0
+    cfg = ld.config
+    C, V, u8 = cfg.n_embd, cfg.vocab_size, np.dtype(np.uint8)
+    t = lambda n_in, n_out, kind=dtype: (u8, quant0.tiled_shape(n_out, n_in, kind))   # noqa: E731
+    out = {}
+    for i in range(cfg.n_layer):
+        out.update({f"h.{i}.attn_w": t(C, 3 * C), f"h.{i}.attn_proj_w": t(C, C),
+                    f"h.{i}.fc_w": t(C, 4 * C), f"h.{i}.proj_w": t(4 * C, C)})
+    out["head_w"] = t(C, V, quant0.HEAD_KIND)
+    out["wte"] = (np.dtype(np.float32), (V, C))
+    return out
+
+
+def q0_assemble(ld, dtype: str, arrays: dict):
+    return tiled_assemble(ld, dtype, arrays, cached_wte=True)
+
+
+# ggml's blocks in the integer kernels' records; the quantizer's source is part of the key
+for _dt in ("q8_0", "q4_0"):
+    register_layout(Layout(_dt, 1, W.load_weights, tiled_stored, q0_expected, q0_assemble,
+                           ("gpt2asm.weights", "gpt2asm.quant0"), _NUMERIC))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,6 +16,9 @@ Engine layout (see tile_matrix): every matrix multiply  y[out] = x[in] @ W[in][o
 so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32, float16
 (dtype='f16') or int8 with one float32 scale per output (dtype='q8', gpt2asm.quant: Layer.*_s and
 Weights.head_s), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
+dtypes 'q8_0' / 'q4_0' (gpt2asm.quant0, docs/kernels-q0.md) hold llama.cpp's blocks of 32 inputs instead:
+each matrix is uint8 [ceil(out/64)][in/32][RECORD] records of 64 outputs x 32 inputs with their fp16
+scales; the head (and the embedding) is q8_0 for both, and wte is the dequantized q8_0 embedding.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0":
              "U64": 8, "I64": 8, "F64": 8, "C64": 8}
 # the dtypes whose weights we can use -> how they are viewed in numpy (BF16 as raw bits)
 _NUMPY_DTYPE = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-MATRIX_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8}   # engine dtype -> tiled matrix dtype
+MATRIX_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8,   # engine dtype -> tiled matrix dtype
+                 "q8_0": np.uint8, "q4_0": np.uint8}                      # ggml blocks as records (quant0)
+Q0_DTYPES = ("q8_0", "q4_0")
 _FLOAT_TILES = (np.dtype(np.float32), np.dtype(np.float16))             # what tile_matrix / tile_head write
 
 _IGNORED_RE = re.compile(r"^h\.\d{1,9}\.attn\.(bias|masked_bias)$")   # causal-mask buffers, not weights
@@ -319,7 +324,7 @@ class Layer:
 @dataclass
 class Weights:
     config: GPT2Config
-    dtype: str                      # 'f32', 'f16' or 'q8': dtype of the tiled matrices (q8: int8 + scales)
+    dtype: str                      # 'f32', 'f16', 'q8' (int8 + scales), 'q8_0' or 'q4_0' (block records)
     wte: np.ndarray                 # [V][C] float32 (a read-only view of the mapped file when possible)
     wpe: np.ndarray                 # [n_ctx][C] float32
     ln_f_g: np.ndarray              # [C]
@@ -479,6 +484,24 @@ class _Loader:
     def matrix(self, bare: str, dt) -> np.ndarray:
         return tile_matrix(self.tensor(bare, f16_target=dt == np.float16), dt)
 
+    def matrix_q0(self, bare: str, kind: str) -> np.ndarray:
+        """A Conv1D weight W[in][out] as ggml blocks of `kind` in the kernels' records (gpt2asm.quant0)."""
+        from . import quant0
+        return self._q0(quant0.quantize_tiled, self.tensor(bare).T, kind, bare)
+
+    def head_q0(self, bare: str) -> tuple[np.ndarray, np.ndarray]:
+        """wte / lm_head.weight E[V][C] in quant0.HEAD_KIND: (records [V_pad/64][C/32][RECORD], the dequantized
+        rows float32 [V][C] -- what the lookup uses)."""
+        from . import quant0
+        q, d = self._q0(quant0.quantize, self.tensor(bare), quant0.HEAD_KIND, bare)
+        return quant0.tile(q, d, quant0.HEAD_KIND), quant0.dequantize(q, d)
+
+    def _q0(self, fn, w, kind: str, bare: str):
+        try:
+            return fn(w, kind, what=f"tensor {self.names[bare]!r}")
+        except InvalidArgumentError as e:               # weights beyond the block scale's float16 range
+            raise CheckpointError(f"{self.where}: {e}") from None
+
     def matrix_q8(self, bare: str) -> tuple[np.ndarray, np.ndarray]:
         """(int8 tiles, float32 scales) of a Conv1D weight (gpt2asm.quant.quantize_q8)."""
         from .quant import quantize_q8
@@ -497,10 +520,12 @@ def load_weights(path, dtype: str = "f32") -> Weights:
 
     dtype 'f16' stores the tiled matrices (blocks and output head) as float16; 'q8' as int8 with one float32
     scale per output (gpt2asm.quant.quantize_q8 / quantize_q8_head from the checkpoint's float32 values:
-    Layer.attn_s, attn_proj_s, fc_s, proj_s, Weights.head_s); everything else is float32.
+    Layer.attn_s, attn_proj_s, fc_s, proj_s, Weights.head_s); 'q8_0' / 'q4_0' as ggml's blocks in the
+    integer kernels' records (gpt2asm.quant0: the block matrices in that kind, the head -- and the
+    embedding, dequantized into wte -- in q8_0); everything else is float32.
     """
     if not isinstance(dtype, str) or dtype not in MATRIX_DTYPES:
-        raise InvalidArgumentError(f"dtype must be 'f32', 'f16' or 'q8', got {dtype!r}")
+        raise InvalidArgumentError(f"dtype must be 'f32', 'f16', 'q8', 'q8_0' or 'q4_0', got {dtype!r}")
     dt = np.dtype(MATRIX_DTYPES[dtype])
     half = dt == np.float16
     file, config_path = _resolve(path)
@@ -509,6 +534,8 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     if dtype == "q8":
         from .quant import quantize_q8_head
         matrix, head = ld.matrix_q8, quantize_q8_head                  # -> (int8 tiles, scales)
+    elif dtype in Q0_DTYPES:
+        matrix = lambda bare: (ld.matrix_q0(bare, dtype), None)        # noqa: E731
     else:
         matrix = lambda bare: (ld.matrix(bare, dt), None)              # noqa: E731
         head = lambda src: (tile_head(src, dt), None)                  # noqa: E731
@@ -537,11 +564,17 @@ def load_weights(path, dtype: str = "f32") -> Weights:
         ))
 
     tied = "lm_head.weight" not in ld.names
-    wte = ld.tensor("wte.weight", f16_target=tied and half)
-    wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
-    if not wte_is_mapped:
-        wte = _aligned_copy(wte)
-    head_w, head_s = head(wte if tied else ld.tensor("lm_head.weight", f16_target=half))
+    if dtype in Q0_DTYPES:                  # the embedding and head as q8_0 blocks, as llama.cpp's converter
+        head_w, wte = ld.head_q0("wte.weight")
+        if not tied:
+            head_w = ld.head_q0("lm_head.weight")[0]
+        head_s, wte_is_mapped = None, False
+    else:
+        wte = ld.tensor("wte.weight", f16_target=tied and half)
+        wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
+        if not wte_is_mapped:
+            wte = _aligned_copy(wte)
+        head_w, head_s = head(wte if tied else ld.tensor("lm_head.weight", f16_target=half))
 
     stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
     return Weights(

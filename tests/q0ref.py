@@ -27,7 +27,9 @@ def quantize_blocks_q8_0(W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
     x = (blk * idv).astype(np.float32)
     a = np.abs(x)
-    q = np.sign(x) * np.floor(a + np.float32(0.5))          # roundf: half away from zero (exact for |x| < 2^23)
+    f = np.floor(a)
+    q = np.sign(x) * (f + np.floor(2 * (a - f)))            # roundf: half away from zero, exactly (as gguf.quants;
+                                                            # floor(a + 0.5) is not: 0.49999997f + 0.5f == 1.0f)
     return q.astype(np.int8).reshape(n_out, n_in), d[..., 0].astype(np.float16)
 
 

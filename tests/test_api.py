@@ -25,7 +25,8 @@ def test_load_forms(ckpt_tiny):
     assert "n_layer=2" in repr(a)
     ids = a.encode(PROMPT)
     assert np.array_equal(a.logits(ids), b.logits(ids))            # -j does not change a bit
-    for bad in (dict(dtype="f64"), dict(dtype=None), dict(threads=0), dict(threads=True), dict(threads=2.0),
+    assert GPT2.load(ckpt_tiny, dtype=None).dtype == "f32"           # None: f32 (a GGUF: the file's own)
+    for bad in (dict(dtype="f64"), dict(dtype=3), dict(threads=0), dict(threads=True), dict(threads=2.0),
                 dict(threads=257), dict(isa="sse9"), dict(isa=99)):
         with pytest.raises(InvalidArgumentError):
             GPT2.load(ckpt_tiny, **bad)

@@ -116,4 +116,4 @@ def test_context_overflow_one_line(ckpt_tiny):
 def test_help():
     r = cli("--help")
     assert r.returncode == 0 and "-h" in r.stdout and "fp16" in r.stdout
-    assert "--dtype {f32,f16,q8}" in r.stdout and "int8" in r.stdout
+    assert "--dtype {f32,f16,q8,q8_0,q4_0}" in r.stdout and "int8" in r.stdout

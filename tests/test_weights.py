@@ -281,7 +281,7 @@ def test_q8_untied_head_and_bad_dtypes(tmp_path, small_ckpts):
     q, s = quantize_q8_head(t["lm_head.weight"])
     assert not w.tied_head and w.head_w.tobytes() == q.tobytes() and w.head_s.tobytes() == s.tobytes()
     for bad in ("q4", "int8", "F32", None, np.int8):
-        with pytest.raises(InvalidArgumentError, match="'f32', 'f16' or 'q8'"):
+        with pytest.raises(InvalidArgumentError, match="'f32', 'f16', 'q8'"):
             load_weights(tmp_path, bad)
     with pytest.raises(InvalidArgumentError):
         tile_matrix(np.ones((4, 64), np.float32), "q8")          # int8 tiles come from gpt2asm.quant only

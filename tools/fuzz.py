@@ -113,6 +113,15 @@ def make_corpus(root: Path) -> dict[str, Path]:
     shutil.copytree(bases["hub"], d)
     (d / "config.json").unlink()
     bases["noconfig"] = d
+    try:                                  # a GGUF Q8_0 in the converter's layout, its tokenizer inside
+        from make_gguf import write_gguf
+        d = root / "gguf"
+        shutil.copytree(bases["hf"], d)
+        write_gguf(d, d / "model.gguf", "Q8_0")
+        (d / "model.safetensors").unlink()
+        bases["gguf"] = d
+    except ImportError:                   # no `gguf` package: no GGUF cases
+        shutil.rmtree(root / "gguf", ignore_errors=True)
     return bases
 
 
@@ -339,6 +348,27 @@ def mutate_checkpoint(rng: random.Random, d: Path, log: list) -> None:
             path.write_bytes(mutate_bytes(rng, path.read_bytes(), log, 8 + n))
 
 
+def mutate_gguf(rng: random.Random, path: Path, log: list) -> None:
+    """A GGUF's bytes: header flips / truncation (mutate_bytes), or a weird integer over a u32/u64 field."""
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        raw = path.read_bytes()
+        try:
+            import gguf
+            header_end = gguf.GGUFReader(path).data_offset
+        except Exception:
+            header_end = max(24, len(raw) // 10)
+        if rng.random() < 0.3 and header_end > 32:
+            b = bytearray(raw)
+            i = rng.randrange(8, header_end - 8)
+            width = rng.choice([4, 8])
+            v = weird_int(rng) % (1 << (8 * width))
+            b[i:i + width] = v.to_bytes(width, "little")
+            log.append(f"gguf:int{width * 8}@{i}={v}")
+            path.write_bytes(bytes(b))
+        else:
+            path.write_bytes(mutate_bytes(rng, raw, log, header_end))
+
+
 def _mutate_checkpoint_once(rng, d, path, raw, header, data, n, r, log) -> None:
     if header is not None and r < 0.45:
         h = mutate_header(rng, header, log)
@@ -471,7 +501,9 @@ class Runner:
             shutil.rmtree(d)
         shutil.copytree(self.corpus / base, d)
         log = [f"base:{base}"]
-        if t == "ckpt":
+        if t == "ckpt" and base == "gguf":
+            mutate_gguf(rng, d / "model.gguf", log)
+        elif t == "ckpt":
             mutate_checkpoint(rng, d, log)
         else:
             for _ in range(rng.choice([1, 1, 2])):
@@ -505,7 +537,13 @@ class Runner:
         from gpt2asm.model import Transformer
         from gpt2asm.tokenizer import Tokenizer
         from gpt2asm.weights import load_weights
-        w = load_weights(d, dtype)
+        if (d / "model.gguf").exists():          # GGUF: weights (also as q8_0 blocks) and tokenizer from it
+            from gpt2asm.ggufload import GGUFModel
+            g = GGUFModel(d / "model.gguf")
+            g.weights("q8_0")
+            w, gtok = g.weights(dtype), g.tokenizer()
+        else:
+            w, gtok = load_weights(d, dtype), None
         tf = Transformer(w, self.kernels)
         V = tf.cfg.vocab_size
         st = tf.new_state()
@@ -513,7 +551,7 @@ class Runner:
             logits = tf.step(st, tok)[0]
             if logits.shape != (V,):
                 raise AssertionError(f"logits shape {logits.shape}, expected ({V},)")
-        m = GPT2(tf, Tokenizer.from_dir(d), d)
+        m = GPT2(tf, gtok if gtok is not None else Tokenizer.from_dir(d), d)
         out = list(m.generate_ids([1, 2], max_new_tokens=2, temperature=0))
         if len(out) != 2 or not all(0 <= t < m.tokenizer.vocab_size for t in out):
             raise AssertionError(f"bad generated ids {out}")
