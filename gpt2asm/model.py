@@ -196,6 +196,22 @@ class Transformer:
         s.n, s.greedy = pos + 1, plan              # plan.first_max(): the argmax of these logits
         return s.logits_view
 
+    def step_batch(self, states: list[State], tokens: list[int]) -> tuple[list[np.ndarray], list[int | None]]:
+        """Feed tokens[b] at position states[b].n for each b (distinct States, each its own KV cache);
+        return (logits [B] of [vocab], views of the states, argmax [B]: the first maximum of each row,
+        None where a logit is NaN/inf).  Each row the bits of step(states[b], tokens[b]) alone: the
+        scheduler's one engine call per decode step (scheduler.py).  For now a loop of single-sequence
+        plan steps; the batched plan (each weight tile read once for all B rows) replaces this body."""
+        if len(states) != len(tokens) or len({id(s) for s in states}) != len(states):
+            raise InvalidArgumentError("step_batch: one token per state, and every state distinct")
+        logits, argmax = [], []
+        for s, t in zip(states, tokens):
+            row = self.step(s, t)
+            logits.append(row)
+            g = s.greedy
+            argmax.append(g.first_max() if g is not None else self.k.argmax(row))
+        return logits, argmax
+
     def _check_tokens(self, s: State, tokens) -> list[int]:
         if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
             raise InvalidArgumentError(f"tokens: expected a sequence of token ids, got {type(tokens).__name__}")
