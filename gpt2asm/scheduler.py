@@ -16,7 +16,8 @@ driver (Scheduler.step):
      first served;
   3. one chunk of prompt (at most prefill_chunk tokens, over the sequences still prefilling, oldest first)
      is prefilled, so a long prompt never stalls the running sequences for more than one chunk; a
-     sequence whose prompt is complete samples its first token;
+     sequence whose prompt is complete samples its first token (the other samples of the same prompt in
+     its request, if in slots by then, take a copy of its cache instead of prefilling it again);
   4. every running sequence with a token to feed is stepped by ONE engine call,
      Transformer.step_batch(states, tokens) -> (logits [B][V], argmax [B]), and samples its next token.
 
@@ -142,6 +143,8 @@ class _Seq:
         self.req, self.index, self.ids, self.n, self.sampler = req, index, ids, n, sampler
         self.logprobs, self.ts, self.stop = logprobs, text_stream, stop
         self.state = None
+        self.leader: _Seq | None = None             # the first sample of the same prompt in the request:
+        self.twins: list[_Seq] = []                 # (its followers) prefills once for all of them
         self.fed = 0                                # prompt tokens prefilled
         self.history = list(ids)
         self.generated = 0
@@ -195,6 +198,12 @@ class Scheduler:
         req = Request(len(specs), callback)
         seqs = [_Seq(req, i, ids, n, sampler, stop, lp, _TextStream(stop))
                 for i, (ids, n, sampler, stop, lp) in enumerate(resolved)]
+        leaders: dict = {}
+        for q in seqs:                                # samples of one prompt share its prefill
+            lead = leaders.setdefault(tuple(q.ids), q)
+            if lead is not q:
+                q.leader = lead
+                lead.twins.append(q)
         with self._lock:
             if self._closed or self._draining:
                 raise SchedulerClosedError("the server is shutting down and takes no new requests")
@@ -261,7 +270,13 @@ class Scheduler:
                     self._wake.wait()
                 if self._closed:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as e:                    # noqa: BLE001 -- a bug: fail what runs, keep serving
+                with self._lock:
+                    for q in self._running:
+                        self._finish(q, "error", e)
+                    self._reap()
 
     def run(self) -> None:
         """Drive the model from this thread until nothing is queued or running (no start() needed)."""
@@ -300,6 +315,8 @@ class Scheduler:
                 except BaseException as e:      # noqa: BLE001 -- handed to the caller
                     fut.set_exception(e)
         active = [s for s in self._running if not s.finished]
+        for s in active:
+            self._state_for(s)                        # a slot's cache (from the pool) from admission on
         self._prefill_chunk([s for s in active if s.fed < len(s.ids)])
         self._decode([s for s in active if s.pending is not None and not s.finished])
         with self._lock:
@@ -320,7 +337,11 @@ class Scheduler:
         for s in seqs:
             if budget <= 0:
                 break
-            if s.req.cancelled:
+            if s.req.cancelled or s.finished or s.fed >= len(s.ids):    # (a twin adopted its prefill)
+                continue
+            lead = s.leader
+            if lead is not None and not lead.finished and lead.state is not None and lead.fed < len(lead.ids):
+                self._state_for(s)                    # the leader's prefill will be copied in
                 continue
             try:
                 st = self._state_for(s)
@@ -333,10 +354,29 @@ class Scheduler:
                 budget -= c
                 if s.fed == len(s.ids):
                     g = st.greedy
-                    self._sample(s, logits, None if g is None else g.first_max())
+                    am = None if g is None else g.first_max()
+                    self._sample(s, logits, am)
+                    for f in self._twins(s):          # the other samples of this prompt: its cache copied
+                        self._adopt_prefill(f, st, logits, am)
             except Exception as e:                    # noqa: BLE001 -- this sequence ends, the rest go on
                 self._finish(s, "error", e)
         self.steps += 1
+
+    def _twins(self, s: _Seq) -> list[_Seq]:
+        """Sequences of s's request with s's prompt, in slots, waiting for s's prefill."""
+        return [f for f in s.twins if f.state is not None and f.fed == 0 and not f.finished and not f.req.cancelled]
+
+    def _adopt_prefill(self, f: _Seq, src, logits: np.ndarray, argmax) -> None:
+        """Give f the prompt's cache (the same bits as prefilling it: a copy) and sample its first token
+        from the same logits."""
+        try:
+            n, st = len(f.ids), f.state
+            st.k[:, :, :n] = src.k[:, :, :n]
+            st.v[:, :, :n] = src.v[:, :, :n]
+            st.n, f.fed = n, n
+            self._sample(f, logits, argmax)
+        except Exception as e:                        # noqa: BLE001
+            self._finish(f, "error", e)
 
     def _decode(self, seqs: list[_Seq]) -> None:
         if not seqs:

@@ -100,6 +100,33 @@ def test_join_and_leave_same_bits_as_alone(ckpt_tiny, dtype, threads):
                 assert toks == want_toks[:len(toks)] and have == want_hashes[:len(have)]
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8"])
+def test_samples_share_the_prompt_prefill(ckpt_tiny, dtype):
+    """n samples of one prompt: one prefill, its cache copied into the others' slots; each sample the
+    logits bits and tokens of its seed alone (also when the pool is too small for all of them at once)."""
+    with GPT2.load(ckpt_tiny, dtype=dtype) as m:
+        ids = prompt(30, 7)
+        for max_batch in (5, 2):
+            sched = Recording(m, max_batch=max_batch, prefill_chunk=8)
+            sp = [SeqSpec(ids, 6 + k, dict(temperature=1.0, top_k=20, seed=sample_seed(3, k))) for k in range(4)]
+            sp.append(SeqSpec(prompt(5, 8), 4, dict(temperature=0)))
+            got: dict = {}
+            req = sched.submit(sp, callback=lambda ev: got.setdefault(ev.index, []).append(ev))
+            prefills = []
+            real = m.model.prefill
+            m.model.prefill = lambda st, toks: (prefills.append(len(toks)), real(st, toks))[1]
+            try:
+                sched.run()
+            finally:
+                m.model.prefill = real
+            if max_batch == 5:
+                assert sum(prefills) == 30 + 5                        # the shared prompt prefilled once
+            for k, spec in enumerate(sp):
+                want_toks, want_hashes = alone(m, spec.prompt_ids, spec.max_tokens, **spec.sampling)
+                assert [e.token for e in got[k] if e.token is not None] == want_toks
+                assert sched.seen[(req.id, k)] == want_hashes
+
+
 def test_step_batch_is_step(ckpt_tiny):
     with GPT2.load(ckpt_tiny) as m:
         M = m.model
