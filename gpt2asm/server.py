@@ -428,17 +428,20 @@ def create_app(state: App):
 
         if not p["stream"]:
             try:
-                done = 0
+                done, check = 0, time.monotonic() + 0.25
                 while done < len(choices):
                     try:
-                        ev = await asyncio.wait_for(q.get(), timeout=0.5)
+                        ev = await asyncio.wait_for(q.get(), timeout=0.25)
                     except asyncio.TimeoutError:
+                        ev = None
+                    if time.monotonic() >= check:             # the client still there? (4 times a second)
+                        check = time.monotonic() + 0.25
                         if await request.is_disconnected():
                             req.cancel()
                             return Response(status_code=499)
-                        continue
-                    choices[ev.index].add(ev)
-                    done += ev.finish_reason is not None
+                    if ev is not None:
+                        choices[ev.index].add(ev)
+                        done += ev.finish_reason is not None
             finally:
                 req.cancel()                                      # a no-op once everything finished
             errs = [c.error for c in choices if c.error]

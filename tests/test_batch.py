@@ -70,8 +70,13 @@ CASES = [  # (prompt length, max tokens, sampling, join at driver step, cancel a
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
-def test_join_and_leave_same_bits_as_alone(ckpt_tiny, dtype, threads):
-    with GPT2.load(ckpt_tiny, dtype=dtype, threads=threads) as m:
+def test_join_and_leave_same_bits_as_alone(ckpt_tiny, families, dtype, threads):
+    for fam in families:
+        join_and_leave(ckpt_tiny, fam, dtype, threads)
+
+
+def join_and_leave(ckpt_tiny, fam, dtype, threads):
+    with GPT2.load(ckpt_tiny, dtype=dtype, threads=threads, isa=fam) as m:
         sched = Recording(m, max_batch=4, max_queue=16, prefill_chunk=6)
         reqs, step = {}, 0
         while step < 10 or not sched.idle:
@@ -93,8 +98,8 @@ def test_join_and_leave_same_bits_as_alone(ckpt_tiny, dtype, threads):
             want_toks, want_hashes = alone(m, prompt(L, i), n, **dict(samp, seed=samp.get("seed", 0)))
             have = sched.seen[(reqs[i].id, 0)]
             if cancel is None:
-                assert fin == ["length"] and toks == want_toks, f"case {i}"
-                assert have == want_hashes, f"case {i}: logits bits differ from decoding alone"
+                assert fin == ["length"] and toks == want_toks, f"{fam} case {i}"
+                assert have == want_hashes, f"{fam} case {i}: logits bits differ from decoding alone"
             else:
                 assert fin == ["cancelled"] and 0 < len(toks) < n
                 assert toks == want_toks[:len(toks)] and have == want_hashes[:len(have)]

@@ -164,6 +164,24 @@ def test_side_endpoints(srv, ref):
         assert name in text
 
 
+def test_disconnect_frees_slots(srv):
+    """A non-streaming request whose client goes away ends at the next step (its slots freed)."""
+    before = srv.state.metrics.finished.labels("cancelled")._value.get()
+    body = json.dumps({"prompt": "Hello", "max_tokens": 1000, "temperature": 0, "n": 2}).encode()
+    with socket.create_connection(("127.0.0.1", srv.port)) as c:
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        t0 = time.monotonic()
+        while srv.state.sched.running < 2:
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.01)
+    t0 = time.monotonic()
+    while srv.state.sched.running:
+        assert time.monotonic() - t0 < 30, "a disconnected request kept its slots"
+        time.sleep(0.05)
+    assert srv.state.metrics.finished.labels("cancelled")._value.get() == before + 2
+
+
 def err(status_body, status, param=None, code=None):
     st, body = status_body
     assert st == status, body
