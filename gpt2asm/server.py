@@ -246,7 +246,7 @@ class App:
             log.info("gpt2asm: serving %s (%s, %s, -j %d)", self.model_id, m.isa, m.dtype, m.threads)
         except BaseException as e:      # noqa: BLE001 -- reported, the server exits
             self.load_error = e
-            log.error("gpt2asm: cannot load the model: %s", e)
+            log.debug("gpt2asm: cannot load the model: %s", e)
             if self.on_load_error:
                 self.on_load_error()
         finally:

@@ -351,3 +351,13 @@ def test_sigterm_mid_stream(ckpt_tiny):
             p.wait()
     out = p.stdout.read()
     assert "Traceback" not in out, out
+
+
+def test_serve_command_errors(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "gpt2asm", "serve", "--model", str(tmp_path / "none"), "--port", "0",
+                        "--log-level", "critical"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "gpt2asm serve: error:" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "gpt2asm", "serve", "--max-batch", "0"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--max-batch" in r.stderr and "Traceback" not in r.stderr
