@@ -4,7 +4,7 @@ PROMPT  ?= Alan Turing theorized that computers would one day become
 MODEL   ?= $(if $(wildcard model.safetensors),.,models/random-124M)
 PYTEST  ?= $(PYTHON) -m pytest
 
-.PHONY: all build setup models run test test-deps verify bench kernels-bench clean
+.PHONY: all build setup models run serve test test-deps verify bench kernels-bench clean
 
 all: build
 
@@ -22,8 +22,13 @@ models: setup                ## the real tokenizer files, and a random-init 124M
 run: models                  ## the main job: 60 tokens after the prompt, seeded sampling
 	$(PYTHON) -m gpt2asm --model $(MODEL) -n 60 --seed 1 "$(PROMPT)"
 
+serve: models                ## the OpenAI-compatible server on 127.0.0.1:8000 (README "Serving"; SERVE_ARGS=...)
+	$(PYTHON) -m pip install -q starlette uvicorn prometheus_client
+	$(PYTHON) -m gpt2asm serve --model $(MODEL) $(SERVE_ARGS)
+
 test-deps: setup
-	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0 huggingface_hub gguf -r tests/requirements-emu.txt
+	$(PYTHON) -m pip install -q pytest hypothesis transformers torch==2.13.0 huggingface_hub gguf -r tests/requirements-emu.txt \
+	  starlette uvicorn prometheus_client openai
 
 test: test-deps              ## the whole test suite (kernels, tokenizer, model, parity, CLI)
 	$(PYTEST) -q tests

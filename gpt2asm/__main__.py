@@ -1,4 +1,6 @@
 """python -m gpt2asm [options] PROMPT — generate text with GPT-2 on hand-written assembly kernels.
+python -m gpt2asm serve [options] — the OpenAI-compatible server (server.py; a prompt starting with the
+word serve: python -m gpt2asm -- serve ...).
 
 Compatible with the seed tool gpt2.s: -n, -t, -s, -j, -h (fp16; help is --help), -i.
 Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one fp32 scale per output row)
@@ -88,6 +90,10 @@ def weight_dtype(ap: argparse.ArgumentParser, args) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:                       # python -m gpt2asm serve ...: the server (server.py)
+        from .server import main as serve
+        return serve(argv[1:])
     ap = parser()
     args = ap.parse_args(argv)
     dtype = weight_dtype(ap, args)

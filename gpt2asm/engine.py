@@ -276,9 +276,14 @@ class GPT2:
 
     def generate_ids(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int = 0,
                      top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                     stats: dict | None = None) -> Iterator[int]:
+                     stats: dict | None = None, *, n: int | None = None) -> Iterator[int]:
         """Yield new token ids (a fresh KV cache per call). An empty prompt starts from <|endoftext|>, as
-        transformers does. seed None = random; the same seed gives the same tokens."""
+        transformers does. seed None = random; the same seed gives the same tokens.  Given a list of
+        token id lists, or n: (choice index, token id) pairs of every sample of every prompt (batch.py)."""
+        if n is not None or _batch().is_batch_ids(prompt_ids):
+            return _batch().generate_ids(self, prompt_ids, max_new_tokens, n=n, temperature=temperature,
+                                         top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                                         seed=seed)
         ids, n, sampler = self._prepare(prompt_ids, max_new_tokens, dict(
             temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed))
         return self._generate_ids(ids, n, sampler, stats)
@@ -313,7 +318,10 @@ class GPT2:
                **sampling) -> Iterator[str]:
         """Yield text pieces as tokens are generated; UTF-8 sequences split across tokens come whole, and
         generation ends before the first stop string (which is not yielded). The arguments are checked
-        before the first piece is asked for."""
+        before the first piece is asked for.  Given a list of prompts, or n: (choice index, text piece)
+        pairs of every sample of every prompt (batch.py)."""
+        if isinstance(prompt, (list, tuple)) or "n" in sampling:
+            return _batch().stream(self, prompt, max_new_tokens, stop, **sampling)
         stop = _check_stop(stop)
         ids, n, sampler = self._prepare(self.encode(prompt), max_new_tokens, sampling)
         return self._text(self._generate_ids(ids, n, sampler, None), stop)
@@ -321,8 +329,18 @@ class GPT2:
     def generate(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | str | None = None,
                  **sampling) -> str:
         """The generated text (without the prompt). Sampling: temperature (0 = greedy), top_k, top_p,
-        repetition_penalty, seed (None = random)."""
+        repetition_penalty, seed (None = random).  Given a list of prompts, or n: the list of every
+        sample of every prompt, in order (batch.py: per-prompt arguments, derived seeds)."""
+        if isinstance(prompt, (list, tuple)) or "n" in sampling:
+            return _batch().generate(self, prompt, max_new_tokens, stop, **sampling)
         return "".join(self.stream(prompt, max_new_tokens, stop=stop, **sampling))
+
+    def logprobs(self, texts, stride: int | None = None) -> list[np.ndarray]:
+        """Per-token log-probabilities of each text (a str or a token id list): a float64 array per
+        text, entry t = log p(token t | tokens < t) for t >= 1, entry 0 NaN; texts past n_ctx in
+        transformers' sliding windows (scoring.py; stride default min(512, n_ctx // 2))."""
+        from .scoring import token_logprobs_many
+        return token_logprobs_many(self, texts, stride)
 
     def session(self, snapshot: bytes | None = None) -> "Session":
         """A Session: a KV cache kept between calls, reusing the longest shared token prefix; started
@@ -349,6 +367,11 @@ class GPT2:
                 h.update(np.ascontiguousarray(a[:256]).tobytes())
         self._fingerprint = h.hexdigest()[:32]
         return self._fingerprint
+
+
+def _batch():
+    from . import batch
+    return batch
 
 
 # ----------------------------------------------------------------------------------------------------

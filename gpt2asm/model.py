@@ -199,6 +199,21 @@ class Transformer:
         s.n = pos + 1
         return s.logits_view, plan.first_max()     # the head job's argmax, reduced by the same call
 
+    def step_batch(self, states: list[State], tokens: list[int]) -> tuple[list[np.ndarray], list[int | None]]:
+        """Feed tokens[b] at position states[b].n for each b (distinct States, each its own KV cache);
+        return (logits [B] of [vocab], views of the states, argmax [B]: the first maximum of each row,
+        None where a logit is NaN/inf).  Each row the bits of step(states[b], tokens[b]) alone: the
+        scheduler's one engine call per decode step (scheduler.py).  For now a loop of single-sequence
+        plan steps; the batched plan (each weight tile read once for all B rows) replaces this body."""
+        if len(states) != len(tokens) or len({id(s) for s in states}) != len(states):
+            raise InvalidArgumentError("step_batch: one token per state, and every state distinct")
+        logits, argmax = [], []
+        for s, t in zip(states, tokens):
+            row, first = self.step(s, t)
+            logits.append(row)
+            argmax.append(first)
+        return logits, argmax
+
     def prefill(self, s: State, tokens) -> tuple[np.ndarray, int | None]:
         """Feed tokens at positions s.n, s.n+1, ..., extend the cache; return step()'s (logits, argmax) of
         the last token.  Bit-identical to step() for each token (logits and cache): layer by layer over up

@@ -1,0 +1,92 @@
+"""python -m gpt2asm.perplexity --model M [--dtype D] [-j N] [--stride S] FILE — the perplexity of a text.
+
+The text (UTF-8; '-' = stdin) is tokenized whole and scored by scoring.token_logprobs_many: windows of
+n_ctx tokens every S tokens (default min(512, n_ctx // 2)), each scoring only the tokens the window
+before it did not (transformers' "Perplexity of fixed-length models").  A progress bar on stderr; at the
+end, on stdout: the perplexity, the tokens scored, and the tokens/s of the forward passes.
+Exit status: 0 done, 2 a user error (one line on stderr), 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .__main__ import DTYPE_LABELS, positive_int
+from .errors import GPT2AsmError
+
+
+class Progress:
+    """A one-line bar on stderr: tokens scored of the total, tokens/s."""
+
+    def __init__(self, total: int, out=sys.stderr, width: int = 30):
+        self.total, self.done, self.out, self.width = max(total, 1), 0, out, width
+        self.t0 = time.perf_counter()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        f = min(self.done / self.total, 1.0)
+        dt = time.perf_counter() - self.t0
+        bar = "#" * int(f * self.width)
+        rate = self.done / dt if dt > 0 else 0.0
+        self.out.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tokens  {rate:.0f} tok/s")
+        self.out.flush()
+
+    def end(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpt2asm.perplexity",
+                                 description="Perplexity of a text file (sliding windows past n_ctx).")
+    ap.add_argument("file", help="a UTF-8 text file, or - for stdin")
+    ap.add_argument("--model", metavar="DIR|NAME", default=None, help="as python -m gpt2asm --model")
+    ap.add_argument("--dtype", choices=DTYPE_LABELS, default="f32", help="weight matrices (default f32)")
+    ap.add_argument("-j", type=positive_int(1, 256), default=1, metavar="N", help="threads (default 1)")
+    ap.add_argument("-s", dest="isa", metavar="ISA", default=None, help="kernel family (default: best)")
+    ap.add_argument("--stride", type=positive_int(1, 1 << 20), default=None, metavar="S",
+                    help="tokens between window starts (default min(512, n_ctx // 2))")
+    ap.add_argument("--offline", action="store_true", help="never download the model")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    model = None
+    try:
+        from .engine import GPT2
+        from .scoring import default_stride, perplexity, token_logprobs_many
+        try:
+            text = sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"gpt2asm.perplexity: error: cannot read {args.file}: {e}", file=sys.stderr)
+            return 2
+        model = GPT2.load(args.model, dtype=args.dtype, isa=args.isa, threads=args.j,
+                          download=not args.offline, progress=not args.quiet)
+        ids = model.encode(text)
+        if len(ids) < 2:
+            print("gpt2asm.perplexity: error: the text has fewer than two tokens", file=sys.stderr)
+            return 2
+        bar = None if args.quiet else Progress(len(ids) - 1)
+        t0 = time.perf_counter()
+        lp = token_logprobs_many(model, [ids], args.stride, progress=bar)[0]
+        dt = time.perf_counter() - t0
+        if bar is not None:
+            bar.end()
+        stride = args.stride or default_stride(model.n_ctx)
+        n = int((lp == lp).sum())
+        print(f"perplexity {perplexity(lp):.4f} over {n} tokens (n_ctx {model.n_ctx}, stride {stride}; "
+              f"{model.isa}, {DTYPE_LABELS[model.dtype]}, -j {model.threads}); {n / dt:.1f} tokens/s")
+        return 0
+    except KeyboardInterrupt:
+        print("\ngpt2asm.perplexity: interrupted", file=sys.stderr)
+        return 130
+    except GPT2AsmError as e:
+        print(f"gpt2asm.perplexity: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+              file=sys.stderr)
+        return 2
+    finally:
+        if model is not None:
+            model.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

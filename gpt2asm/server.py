@@ -1,0 +1,653 @@
+"""python -m gpt2asm serve — an OpenAI-compatible completions server with continuous batching.
+
+    python -m gpt2asm serve --model gpt2 [--dtype f32|f16|q8] [-j N] [--host 127.0.0.1] [--port 8000]
+                            [--max-batch 32] [--max-queue 256] [--api-key KEY]
+
+Built on Starlette (routing, JSON, Server-Sent Events through StreamingResponse) served by uvicorn; the
+model is driven by one scheduler.Scheduler thread (continuous batching: each request's tokens are the bits
+of GPT2.generate run alone).  Endpoints:
+
+    POST /v1/completions   prompt (string, list of strings, token ids or lists of them), max_tokens (16),
+                           temperature (1), top_p (1), top_k (0 = off; -1 too), n (1), stop, seed,
+                           stream (SSE, ends with `data: [DONE]`), logprobs (0..20), echo, repetition_penalty;
+                           usage.  Choice j = i * n + k is sample k of prompt i; with seed s it samples with
+                           seed s + j (batch.py), so GPT2.generate(prompt_i, seed=s + j) reproduces it.
+    GET  /v1/models        the one model served
+    GET  /health           200 {"status": "ok"}, 503 while loading or shutting down
+    POST /tokenize         {"prompt": str} -> {"tokens", "count", "max_model_len"}
+    POST /detokenize       {"tokens": [int]} -> {"prompt": str}
+    GET  /metrics          Prometheus text: requests, tokens, batch occupancy, queue depth, TTFT and
+                           inter-token latency histograms
+
+Errors are OpenAI's JSON ({"error": {"message", "type", "param", "code"}}): 400 bad argument or context
+overflow, 401 bad API key (compared with hmac.compare_digest), 404 unknown model or route, 429 queue full,
+503 loading or shutting down, 500 with no detail (never a traceback).  A client that disconnects frees its
+slots at the next step.  SIGTERM / SIGINT: new requests get 503, those in flight finish (until
+--drain-timeout, then they end with finish_reason "shutdown"), exit status 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+
+from .errors import ContextOverflowError, GPT2AsmError, InvalidArgumentError
+
+log = logging.getLogger("gpt2asm.server")
+
+MAX_BODY = 8 << 20                     # bytes of a request body
+MAX_N = 128                            # samples per prompt
+MAX_CHOICES = 1024                     # prompts x n per request
+MAX_LOGPROBS = 20
+ACCEPTED_NOOPS = {"user", "stream_options", "suffix", "presence_penalty", "frequency_penalty", "best_of",
+                  "logit_bias"}
+FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream",
+          "logprobs", "echo", "repetition_penalty"} | ACCEPTED_NOOPS
+
+
+class APIError(Exception):
+    """An HTTP error answered as OpenAI's JSON error object."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def error_body(status: int, message: str, type_: str, param=None, code=None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+# ----------------------------------------------------------------------------------------------------
+# argument parsing (the engine's validators: one rule per argument for the CLI, the API and the server)
+
+def _arg(body: dict, name: str, default, check):
+    v = body.get(name, default)
+    if v is None:
+        v = default
+    try:
+        return check(v)
+    except GPT2AsmError as e:
+        raise APIError(400, str(e), param=name) from None
+
+
+def _bool(name):
+    def check(v):
+        if not isinstance(v, bool):
+            raise InvalidArgumentError(f"{name} must be true or false, got {v!r}")
+        return v
+    return check
+
+
+def parse_completion(m, body: dict, model_id: str) -> dict:
+    """The request body checked: prompts as token id lists, every sample's SeqSpec, flags."""
+    from .batch import specs
+    from .args import integer as _int_arg, sampling as check_sampling
+    from .engine import _check_stop
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise APIError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
+    if "model" in body and body["model"] not in (None, model_id):
+        raise APIError(404, f"the model {body['model']!r} does not exist; this server serves {model_id!r}",
+                       param="model", code="model_not_found")
+    for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("suffix", None)):
+        if body.get(name) not in (None, neutral):
+            raise APIError(400, f"{name} is not supported (only {neutral!r})", param=name)
+    if body.get("logit_bias") not in (None, {}):
+        raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    prompt = body.get("prompt", "")
+    texts: list[str | None]
+    if isinstance(prompt, str):
+        id_lists, texts = [prompt], [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        id_lists, texts = list(prompt), list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        id_lists, texts = prompt, [None] * len(prompt)
+    elif isinstance(prompt, list) and all(not isinstance(p, (list, str)) for p in prompt):
+        id_lists, texts = [prompt], [None]
+    else:
+        raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
+                            "token id lists", param="prompt")
+    try:
+        id_lists = [m.encode(p) if isinstance(p, str) else m.check_ids(p) for p in id_lists]
+    except GPT2AsmError as e:
+        raise APIError(400, str(e), param="prompt") from None
+    max_tokens = _arg(body, "max_tokens", 16, lambda v: _int_arg("max_tokens", v, 0, 1 << 30))
+    n = _arg(body, "n", 1, lambda v: _int_arg("n", v, 1, MAX_N))
+    if body.get("best_of") not in (None, n):
+        raise APIError(400, "best_of must equal n (or be omitted)", param="best_of")
+    if len(id_lists) * n > MAX_CHOICES:
+        raise APIError(400, f"{len(id_lists)} prompts x n={n} is more than {MAX_CHOICES} choices", param="n")
+    top_k = body.get("top_k")
+    sampling = {}
+    for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("repetition_penalty", 1.0),
+                          ("seed", None)):
+        v = body.get(name, default)
+        if v is None:
+            v = default
+        if name == "top_k" and top_k == -1:
+            v = 0                                                  # vLLM's "off"
+        try:
+            check_sampling(**{name: v})
+        except GPT2AsmError as e:
+            raise APIError(400, str(e), param=name) from None
+        sampling[name] = v
+    stop = _arg(body, "stop", None, _check_stop)
+    if len(stop) > 16:
+        raise APIError(400, "at most 16 stop strings", param="stop")
+    stream = _arg(body, "stream", False, _bool("stream"))
+    echo = _arg(body, "echo", False, _bool("echo"))
+    logprobs = _arg(body, "logprobs", None, lambda v: v if v is None else _int_arg("logprobs", v, 0, MAX_LOGPROBS))
+    so = body.get("stream_options")
+    if so is not None and not (isinstance(so, dict) and set(so) <= {"include_usage"}
+                               and isinstance(so.get("include_usage", False), bool)):
+        raise APIError(400, "stream_options must be {\"include_usage\": bool}", param="stream_options")
+    try:
+        seqs = specs(id_lists, n, max_tokens, stop, sampling, logprobs)
+        from .scheduler import Scheduler
+        for s in seqs[::n]:                                       # one check per prompt (the n share it)
+            Scheduler.resolve_spec(m, s)
+    except ContextOverflowError as e:
+        raise APIError(400, f"This model's maximum context length is {m.n_ctx} tokens; the prompt plus "
+                            f"max_tokens need {e.needed}", param="max_tokens", code="context_length_exceeded") from None
+    except GPT2AsmError as e:
+        raise APIError(400, str(e)) from None
+    prompt_ids = [ids or [m.tokenizer.eot_id] for ids in id_lists]
+    return dict(specs=seqs, n=n, prompt_ids=prompt_ids, texts=texts, stream=stream, echo=echo,
+                logprobs=logprobs, include_usage=bool(so and so.get("include_usage")))
+
+
+# ----------------------------------------------------------------------------------------------------
+
+def prompt_logprobs(m, ids: list[int], k: int) -> tuple[list, list]:
+    """Echo's logprobs of the prompt tokens (None for the first): the numbers GPT2.logprobs gives, and the
+    k most likely at each position (one full-prefix forward; the prompt fits the context)."""
+    from .scheduler import token_logprobs
+    lps, tops = [None], [None]
+    if len(ids) > 1:
+        logits = m.logits(ids)
+        for t in range(1, len(ids)):
+            lp, top = token_logprobs(logits[t - 1], ids[t], k)
+            lps.append(lp)
+            tops.append(top)
+    return lps, tops
+
+
+class Metrics:
+    """Prometheus metrics of one server (their own registry)."""
+
+    def __init__(self, sched_ref):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("gpt2asm_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("gpt2asm_prompt_tokens", "prompt tokens of accepted completions", registry=r)
+        self.generated = Counter("gpt2asm_generation_tokens", "tokens generated", registry=r)
+        self.finished = Counter("gpt2asm_sequences_finished", "sequences finished", ["finish_reason"], registry=r)
+        occ = Gauge("gpt2asm_batch_occupancy", "sequences in the batch (KV slots in use)", registry=r)
+        occ.set_function(lambda: sched_ref().running if sched_ref() else 0)
+        slots = Gauge("gpt2asm_batch_slots", "KV slots (--max-batch)", registry=r)
+        slots.set_function(lambda: sched_ref().max_batch if sched_ref() else 0)
+        q = Gauge("gpt2asm_queue_depth", "requests waiting for a slot", registry=r)
+        q.set_function(lambda: sched_ref().waiting if sched_ref() else 0)
+        self.ttft = Histogram("gpt2asm_time_to_first_token_seconds", "request arrival to its first token",
+                              buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60), registry=r)
+        self.itl = Histogram("gpt2asm_inter_token_latency_seconds", "time between two tokens of a sequence",
+                             buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5), registry=r)
+
+    def text(self) -> bytes:
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry)
+
+
+class App:
+    """The server's state: the model (loaded in the background), the scheduler, flags, metrics."""
+
+    def __init__(self, loader, model_id: str, api_key: str | None = None, max_batch: int = 32,
+                 max_queue: int = 256, prefill_chunk: int = 64, drain_timeout: float = 30.0):
+        self.loader, self.model_id, self.api_key = loader, model_id, api_key
+        self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        self.drain_timeout = drain_timeout
+        self.m = None
+        self.sched = None
+        self.load_error: BaseException | None = None
+        self.loaded = threading.Event()
+        self.shutting_down = False
+        self.created = int(time.time())
+        self.metrics = Metrics(lambda: self.sched)
+        self.on_load_error = None
+        self._closed = threading.Event()
+
+    # -- life ---------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        from .scheduler import Scheduler
+        try:
+            m = self.loader()
+            self.sched = Scheduler(m, self.max_batch, self.max_queue, self.prefill_chunk).start()
+            self.m = m
+            log.info("gpt2asm: serving %s (%s, %s, -j %d)", self.model_id, m.isa, m.dtype, m.threads)
+        except BaseException as e:      # noqa: BLE001 -- reported, the server exits
+            self.load_error = e
+            log.debug("gpt2asm: cannot load the model: %s", e)
+            if self.on_load_error:
+                self.on_load_error()
+        finally:
+            self.loaded.set()
+
+    def begin_shutdown(self) -> None:
+        """New requests get 503; in-flight ones finish, or end with 'shutdown' after drain_timeout."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        if self.sched is not None:
+            self.sched.drain()
+
+            def cancel_late():
+                if not self._closed.wait(self.drain_timeout) and self.sched is not None:
+                    self.sched.cancel_all("shutdown")
+            threading.Thread(target=cancel_late, name="gpt2asm-drain", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self.sched is not None:
+            self.sched.close("shutdown")
+        if self.m is not None:
+            self.m.close()
+
+    # -- checks -------------------------------------------------------------------------------------
+
+    def ready(self) -> None:
+        if self.shutting_down:
+            raise APIError(503, "the server is shutting down", "service_unavailable", code="shutting_down")
+        if self.m is None:
+            raise APIError(503, "the model is loading" if self.load_error is None else "the model failed to load",
+                           "service_unavailable", code="loading")
+
+    def authorize(self, request) -> None:
+        if self.api_key is None:
+            return
+        h = request.headers.get("authorization", "")
+        given = h[7:] if h[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.api_key.encode()):
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer KEY)", "invalid_request_error",
+                           code="invalid_api_key")
+
+
+# ----------------------------------------------------------------------------------------------------
+# the ASGI application
+
+def create_app(state: App):
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    def error(e: APIError, endpoint: str) -> JSONResponse:
+        state.metrics.requests.labels(endpoint, str(e.status)).inc()
+        return JSONResponse(error_body(e.status, e.message, e.type, e.param, e.code), status_code=e.status)
+
+    def ok(body, endpoint: str, status: int = 200) -> JSONResponse:
+        state.metrics.requests.labels(endpoint, str(status)).inc()
+        return JSONResponse(body, status_code=status)
+
+    async def read_json(request: Request):
+        n = request.headers.get("content-length")
+        if n is not None and (not n.isdigit() or int(n) > MAX_BODY):
+            raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            raise APIError(400, "the request body is not valid JSON") from None
+
+    def endpoint(name: str, auth: bool = True, needs_model: bool = True):
+        def wrap(fn):
+            async def handler(request: Request):
+                try:
+                    if auth:
+                        state.authorize(request)
+                    if needs_model:
+                        state.ready()
+                    return await fn(request)
+                except APIError as e:
+                    return error(e, name)
+                except ClientDisconnect:
+                    return Response(status_code=499)
+                except GPT2AsmError as e:
+                    return error(APIError(400, str(e)), name)
+            return handler
+        return wrap
+
+    @endpoint("health", auth=False, needs_model=False)
+    async def health(request):
+        if state.shutting_down:
+            return ok({"status": "shutting_down"}, "health", 503)
+        if state.m is None:
+            return ok({"status": "loading" if state.load_error is None else "failed"}, "health", 503)
+        return ok({"status": "ok"}, "health")
+
+    @endpoint("models", needs_model=False)
+    async def models(request):
+        return ok({"object": "list", "data": [{"id": state.model_id, "object": "model", "created": state.created,
+                                              "owned_by": "gpt2asm"}]}, "models")
+
+    @endpoint("metrics", needs_model=False)
+    async def metrics(request):
+        state.metrics.requests.labels("metrics", "200").inc()
+        return Response(state.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @endpoint("tokenize")
+    async def tokenize(request):
+        body = await read_json(request)
+        p = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
+        if not isinstance(p, str):
+            raise APIError(400, "tokenize takes {\"prompt\": string}", param="prompt")
+        ids = state.m.encode(p)
+        return ok({"tokens": ids, "count": len(ids), "max_model_len": state.m.n_ctx}, "tokenize")
+
+    @endpoint("detokenize")
+    async def detokenize(request):
+        body = await read_json(request)
+        ids = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(ids, list):
+            raise APIError(400, "detokenize takes {\"tokens\": [token ids]}", param="tokens")
+        try:
+            text = state.m.decode(ids)
+        except GPT2AsmError as e:
+            raise APIError(400, str(e), param="tokens") from None
+        return ok({"prompt": text}, "detokenize")
+
+    @endpoint("completions")
+    async def completions(request):
+        from .scheduler import QueueFullError, SchedulerClosedError
+        body = await read_json(request)
+        p = parse_completion(state.m, body, state.model_id)
+        m, sched = state.m, state.sched
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        prompt_lp = None
+        if p["echo"] and p["logprobs"] is not None:              # model work: on the driver thread
+            k = p["logprobs"]
+            futs = [sched.call(lambda ids=ids: prompt_logprobs(m, ids, k)) for ids in p["prompt_ids"]]
+            prompt_lp = [await asyncio.wrap_future(f) for f in futs]
+        last: dict = {}
+        t_submit = time.monotonic()
+        mt = state.metrics
+
+        def on_event(ev):                                         # on the driver thread: must not block
+            if ev.token is not None:
+                mt.generated.inc()
+                prev = last.get(ev.index)
+                if prev is None:
+                    mt.ttft.observe(ev.t - t_submit)
+                else:
+                    mt.itl.observe(ev.t - prev)
+                last[ev.index] = ev.t
+            else:
+                mt.finished.labels(ev.finish_reason).inc()
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, ev)
+            except RuntimeError:                                 # the event loop is gone (shutdown)
+                pass
+        try:
+            req = sched.submit(p["specs"], callback=on_event)
+        except QueueFullError as e:
+            raise APIError(429, str(e), "rate_limit_exceeded", code="queue_full") from None
+        except SchedulerClosedError as e:
+            raise APIError(503, str(e), "service_unavailable", code="shutting_down") from None
+        mt.prompt_tokens.inc(sum(map(len, p["prompt_ids"])))
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        choices = [Choice(m, i, p, prompt_lp) for i in range(len(p["specs"]))]
+        usage = lambda: {"prompt_tokens": sum(map(len, p["prompt_ids"])),    # noqa: E731
+                         "completion_tokens": sum(c.n_tokens for c in choices),
+                         "total_tokens": sum(map(len, p["prompt_ids"])) + sum(c.n_tokens for c in choices)}
+
+        if not p["stream"]:
+            try:
+                done, check = 0, time.monotonic() + 0.25
+                while done < len(choices):
+                    try:
+                        ev = await asyncio.wait_for(q.get(), timeout=0.25)
+                    except asyncio.TimeoutError:
+                        ev = None
+                    if time.monotonic() >= check:             # the client still there? (4 times a second)
+                        check = time.monotonic() + 0.25
+                        if await request.is_disconnected():
+                            req.cancel()
+                            return Response(status_code=499)
+                    if ev is not None:
+                        choices[ev.index].add(ev)
+                        done += ev.finish_reason is not None
+            finally:
+                req.cancel()                                      # a no-op once everything finished
+            errs = [c.error for c in choices if c.error]
+            if errs:
+                raise APIError(500, f"generation failed: {errs[0]}", "server_error", code="generation_failed")
+            return ok({"id": cid, "object": "text_completion", "created": created, "model": state.model_id,
+                       "choices": [c.final() for c in choices], "usage": usage()}, "completions")
+
+        def chunk(cs: list) -> str:
+            return "data: " + json.dumps({"id": cid, "object": "text_completion", "created": created,
+                                          "model": state.model_id, "choices": cs}) + "\n\n"
+
+        async def events():
+            try:
+                if p["echo"]:
+                    yield chunk([c.echo_piece() for c in choices])
+                done = 0
+                while done < len(choices):
+                    ev = await q.get()
+                    c = choices[ev.index]
+                    piece = c.add(ev)
+                    if piece is not None:
+                        yield chunk([piece])
+                    done += ev.finish_reason is not None
+                if p["include_usage"]:
+                    yield "data: " + json.dumps({"id": cid, "object": "text_completion", "created": created,
+                                                 "model": state.model_id, "choices": [], "usage": usage()}) + "\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                req.cancel()                                      # disconnected: slots free at the next step
+        state.metrics.requests.labels("completions", "200").inc()
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def not_found(request, exc):
+        status = getattr(exc, "status_code", 404)
+        msg = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return error(APIError(status, msg.get(status, "bad request"), "invalid_request_error" if status != 404
+                              else "not_found_error"), "other")
+
+    async def internal(request, exc):
+        log.exception("internal error on %s", request.url.path)
+        return error(APIError(500, "internal server error", "server_error"), "other")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if state.m is None and not state.loaded.is_set():
+            threading.Thread(target=state.load, name="gpt2asm-load", daemon=True).start()
+        yield
+        state.close()
+
+    routes = [Route("/health", health, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"]), Route("/tokenize", tokenize, methods=["POST"]),
+              Route("/detokenize", detokenize, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"])]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={HTTPException: not_found, Exception: internal})
+
+
+class Choice:
+    """One choice of a completion as its events arrive: text, tokens, logprobs, finish_reason."""
+
+    def __init__(self, m, index: int, p: dict, prompt_lp):
+        self.m, self.index, self.p = m, index, p
+        self.prompt = index // p["n"]
+        self.text, self.tokens, self.lps, self.tops = "", [], [], []
+        self.finish_reason = self.error = None
+        self.n_tokens = 0
+        self.prompt_lp = None if prompt_lp is None else prompt_lp[self.prompt]
+
+    def _tok(self, t: int) -> str:
+        return self.m.tokenizer.token_bytes(t).decode("utf-8", errors="replace")
+
+    def _logprobs(self, toks, lps, tops, offset: int) -> dict | None:
+        if self.p["logprobs"] is None:
+            return None
+        strs = [self._tok(t) for t in toks]
+        offs, o = [], offset
+        for s in strs:
+            offs.append(o)
+            o += len(s)
+        return {"tokens": strs, "token_logprobs": [_json_safe(x) for x in lps],
+                "top_logprobs": [None if tp is None else {self._tok(t): v for t, v in tp.items()} for tp in tops],
+                "text_offset": offs}
+
+    def _echo_text(self) -> str:
+        t = self.p["texts"][self.prompt]
+        return t if t is not None else self.m.decode(self.p["prompt_ids"][self.prompt])
+
+    def echo_piece(self) -> dict:
+        ids = self.p["prompt_ids"][self.prompt]
+        lp = None
+        if self.prompt_lp is not None:
+            lp = self._logprobs(ids, self.prompt_lp[0], self.prompt_lp[1], 0)
+        elif self.p["logprobs"] is not None:
+            lp = self._logprobs(ids, [None] * len(ids), [None] * len(ids), 0)
+        self.echoed = len(self._echo_text())
+        return {"index": self.index, "text": self._echo_text(), "logprobs": lp, "finish_reason": None}
+
+    def add(self, ev) -> dict | None:
+        """Take an event; the stream chunk of this choice for it (None if nothing to send)."""
+        before = len(self.text)
+        self.text += ev.text
+        lp = None
+        if ev.token is not None:
+            self.n_tokens += 1
+            self.tokens.append(ev.token)
+            self.lps.append(ev.logprob)
+            self.tops.append(ev.top)
+            lp = self._logprobs([ev.token], [ev.logprob], [ev.top],
+                                (len(self._echo_text()) if self.p["echo"] else 0) + before)
+        if ev.finish_reason is not None:
+            self.finish_reason = ev.finish_reason
+            self.error = ev.error if ev.finish_reason == "error" else None
+        if not ev.text and lp is None and ev.finish_reason is None:
+            return None
+        return {"index": self.index, "text": ev.text, "logprobs": lp, "finish_reason": ev.finish_reason}
+
+    def final(self) -> dict:
+        text, lp = self.text, None
+        if self.p["logprobs"] is not None:
+            toks, lps, tops = list(self.tokens), list(self.lps), list(self.tops)
+            if self.p["echo"]:
+                ids = self.p["prompt_ids"][self.prompt]
+                plp = self.prompt_lp or ([None] * len(ids), [None] * len(ids))
+                toks, lps, tops = list(ids) + toks, list(plp[0]) + lps, list(plp[1]) + tops
+            lp = self._logprobs(toks, lps, tops, 0)
+        if self.p["echo"]:
+            text = self._echo_text() + text
+        return {"index": self.index, "text": text, "logprobs": lp, "finish_reason": self.finish_reason}
+
+
+# ----------------------------------------------------------------------------------------------------
+# the command
+
+def parser() -> argparse.ArgumentParser:
+    from .__main__ import DTYPE_LABELS, positive_int
+    ap = argparse.ArgumentParser(prog="python -m gpt2asm serve",
+                                 description="An OpenAI-compatible completions server (continuous batching).")
+    ap.add_argument("--model", metavar="DIR|NAME", default=None, help="as python -m gpt2asm --model")
+    ap.add_argument("--dtype", choices=DTYPE_LABELS, default="f32", help="weight matrices (default f32)")
+    ap.add_argument("--kv", choices=("f32", "f16"), default=None, help="KV cache dtype (default: as the CLI)")
+    ap.add_argument("-j", type=positive_int(1, 256), default=1, metavar="N", help="threads per matrix product")
+    ap.add_argument("-s", dest="isa", metavar="ISA", default=None, help="kernel family (default: best)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=positive_int(0, 65535), default=8000, help="TCP port (default 8000; 0 = any)")
+    ap.add_argument("--max-batch", type=positive_int(1, 4096), default=32, metavar="B",
+                    help="sequences decoded together (KV caches held; default 32)")
+    ap.add_argument("--max-queue", type=positive_int(0, 1 << 20), default=256, metavar="Q",
+                    help="requests waiting for a slot before new ones get 429 (default 256)")
+    ap.add_argument("--prefill-chunk", type=positive_int(1, 1 << 20), default=64, metavar="T",
+                    help="prompt tokens prefilled between two decode steps (default 64)")
+    ap.add_argument("--api-key", default=os.environ.get("GPT2ASM_API_KEY"), metavar="KEY",
+                    help="require Authorization: Bearer KEY (default: $GPT2ASM_API_KEY, else none)")
+    ap.add_argument("--name", default=None, help="the model id the API reports (default: the model's name)")
+    ap.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                    help="on SIGTERM, seconds in-flight requests may finish before they are ended (default 30)")
+    ap.add_argument("--offline", action="store_true", help="never download the model")
+    ap.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    return ap
+
+
+def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        print(f"gpt2asm serve: error: {e.name} is not installed: pip install 'gpt2asm[serve]' "
+              "(starlette, uvicorn, prometheus_client)", file=sys.stderr)
+        return 2
+    if args.drain_timeout < 0 or not math.isfinite(args.drain_timeout):
+        print("gpt2asm serve: error: --drain-timeout must be >= 0", file=sys.stderr)
+        return 2
+    if args.api_key == "":
+        args.api_key = None
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+    name = args.name or (os.path.basename(os.path.normpath(str(args.model))) if args.model else "gpt2")
+
+    def loader():
+        from .engine import GPT2
+        return GPT2.load(args.model, dtype=args.dtype, isa=args.isa, threads=args.j, download=not args.offline,
+                         progress=False, kv=args.kv)
+
+    state = App(loader, name, args.api_key, args.max_batch, args.max_queue, args.prefill_chunk, args.drain_timeout)
+    app = create_app(state)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=args.drain_timeout + 5, access_log=False)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            state.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
+
+    def failed():
+        server.should_exit = True
+    state.on_load_error = failed
+    for sig in (signal.SIGTERM, signal.SIGINT):           # uvicorn re-raises the signal it caught once it
+        signal.signal(sig, lambda *a: None)                # has shut down: a no-op then, so the exit is 0
+    server.run(sockets=[sock] if sock is not None else None)
+    if state.load_error is not None:
+        e = state.load_error
+        print(f"gpt2asm serve: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,208 @@
+"""Continuous batching (gpt2asm/scheduler.py) and the list / n forms of the API (gpt2asm/batch.py).
+
+Contract: a sequence run through the Scheduler -- joining while others run, prefilled in chunks between
+decode steps, leaving at its own step, beside cancelled ones -- gets the logits bits (SHA-256 of each
+step's logits) and tokens of decoding it alone, for f32, f16 and q8 at -j 1 and 2; the API's lists give
+what one call per prompt gives, in order, sample k of a prompt with seed s the text of seed s + k alone.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from gpt2asm import GPT2, ContextOverflowError, InvalidArgumentError
+from gpt2asm.sampler import Sampler
+from gpt2asm.scheduler import QueueFullError, SchedulerClosedError, Scheduler, SeqSpec, sample_seed
+
+
+def sha(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+class Recording(Scheduler):
+    """A Scheduler that records the SHA-256 of the logits each sequence samples from."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: dict = {}
+
+    def _sample(self, s, logits, argmax):
+        self.seen.setdefault((s.req.id, s.index), []).append(sha(logits))
+        return super()._sample(s, logits, argmax)
+
+
+def alone(m: GPT2, ids: list[int], n: int, **sampling) -> tuple[list[int], list[str]]:
+    """Tokens and per-step logits hashes of GPT2.generate_ids's path alone: prefill, then steps."""
+    s = dict(dict(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=0), **sampling)
+    sampler = Sampler(m.model.k.softmax, s["temperature"], s["top_k"], s["top_p"], s["repetition_penalty"],
+                      s["seed"], argmax=m.model.k.argmax)
+    st = m.model.new_state()
+    logits = m.model.prefill(st, ids or [m.tokenizer.eot_id])
+    toks, hashes, hist = [], [], list(ids)
+    for k in range(n):
+        hashes.append(sha(logits))
+        g = st.greedy
+        t = sampler(logits[:m.n_sample], hist, None if g is None else g.first_max)
+        hist.append(t)
+        toks.append(t)
+        if k + 1 < n:
+            logits = m.model.step(st, t)
+    assert toks == list(m.generate_ids(ids, n, **s))
+    return toks, hashes
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 50257, n)]
+
+
+CASES = [  # (prompt length, max tokens, sampling, join at driver step, cancel after step or None)
+    (3, 12, dict(temperature=0), 0, None),
+    (17, 5, dict(temperature=0.9, seed=5), 0, None),
+    (1, 20, dict(temperature=1.0, top_k=40, seed=9), 2, None),
+    (40, 9, dict(temperature=0), 3, None),                          # prefilled over several chunks
+    (8, 30, dict(temperature=0.7, top_p=0.9, seed=3), 4, 16),        # cancelled mid-flight
+    (11, 7, dict(temperature=0, repetition_penalty=1.3), 6, None),
+    (5, 15, dict(temperature=1.2, seed=1), 9, None),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
+def test_join_and_leave_same_bits_as_alone(ckpt_tiny, families, dtype, threads):
+    for fam in families:
+        join_and_leave(ckpt_tiny, fam, dtype, threads)
+
+
+def join_and_leave(ckpt_tiny, fam, dtype, threads):
+    with GPT2.load(ckpt_tiny, dtype=dtype, threads=threads, isa=fam) as m:
+        sched = Recording(m, max_batch=4, max_queue=16, prefill_chunk=6)
+        reqs, step = {}, 0
+        while step < 10 or not sched.idle:
+            for i, (L, n, samp, join, cancel) in enumerate(CASES):
+                if join == step:
+                    reqs[i] = sched.submit([SeqSpec(prompt(L, i), n, dict(samp, seed=samp.get("seed", 0)))],
+                                           callback=lambda ev, i=i: got[i].append(ev))
+                if cancel == step:
+                    reqs[i].cancel()
+            if step == 0:
+                got = {i: [] for i in range(len(CASES))}
+            sched.step()
+            step += 1
+            assert sched.running <= 4
+            assert step < 500
+        for i, (L, n, samp, join, cancel) in enumerate(CASES):
+            toks = [e.token for e in got[i] if e.token is not None]
+            fin = [e.finish_reason for e in got[i] if e.finish_reason]
+            want_toks, want_hashes = alone(m, prompt(L, i), n, **dict(samp, seed=samp.get("seed", 0)))
+            have = sched.seen[(reqs[i].id, 0)]
+            if cancel is None:
+                assert fin == ["length"] and toks == want_toks, f"{fam} case {i}"
+                assert have == want_hashes, f"{fam} case {i}: logits bits differ from decoding alone"
+            else:
+                assert fin == ["cancelled"] and 0 < len(toks) < n
+                assert toks == want_toks[:len(toks)] and have == want_hashes[:len(have)]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8"])
+def test_samples_share_the_prompt_prefill(ckpt_tiny, dtype):
+    """n samples of one prompt: one prefill, its cache copied into the others' slots; each sample the
+    logits bits and tokens of its seed alone (also when the pool is too small for all of them at once)."""
+    with GPT2.load(ckpt_tiny, dtype=dtype) as m:
+        ids = prompt(30, 7)
+        for max_batch in (5, 2):
+            sched = Recording(m, max_batch=max_batch, prefill_chunk=8)
+            sp = [SeqSpec(ids, 6 + k, dict(temperature=1.0, top_k=20, seed=sample_seed(3, k))) for k in range(4)]
+            sp.append(SeqSpec(prompt(5, 8), 4, dict(temperature=0)))
+            got: dict = {}
+            req = sched.submit(sp, callback=lambda ev: got.setdefault(ev.index, []).append(ev))
+            prefills = []
+            real = m.model.prefill
+            m.model.prefill = lambda st, toks: (prefills.append(len(toks)), real(st, toks))[1]
+            try:
+                sched.run()
+            finally:
+                m.model.prefill = real
+            if max_batch == 5:
+                assert sum(prefills) == 30 + 5                        # the shared prompt prefilled once
+            for k, spec in enumerate(sp):
+                want_toks, want_hashes = alone(m, spec.prompt_ids, spec.max_tokens, **spec.sampling)
+                assert [e.token for e in got[k] if e.token is not None] == want_toks
+                assert sched.seen[(req.id, k)] == want_hashes
+
+
+def test_step_batch_is_step(ckpt_tiny):
+    with GPT2.load(ckpt_tiny) as m:
+        M = m.model
+        a, b, c = M.new_state(), M.new_state(), M.new_state()
+        M.prefill(a, [1, 2, 3])
+        M.prefill(b, [7])
+        logits, am = M.step_batch([a, b], [4, 8])
+        ref = [M.step(M.new_state(), 7)]
+        M.prefill(c, [1, 2, 3])
+        want = M.step(c, 4).copy()
+        assert np.array_equal(logits[0], want) and am[0] == int(np.argmax(want))
+        d = M.new_state()
+        M.step(d, 7)
+        assert np.array_equal(logits[1], M.step(d, 8)) and ref
+        with pytest.raises(InvalidArgumentError):
+            M.step_batch([a, a], [1, 2])
+
+
+def test_threaded_scheduler_queue_and_close(ckpt_tiny):
+    with GPT2.load(ckpt_tiny) as m:
+        sched = Scheduler(m, max_batch=2, max_queue=1).start()
+        try:
+            r = sched.submit([SeqSpec(m.encode("Hello"), 10, dict(temperature=0))])
+            text = "".join(e.text for e in r)
+            assert text == m.generate("Hello", 10, temperature=0)
+            sched.drain()                                            # nothing new once draining
+            with pytest.raises(SchedulerClosedError):
+                sched.submit([SeqSpec([1], 1)])
+        finally:
+            sched.close()
+        full = Scheduler(m, max_batch=2, max_queue=1)                # not started: nothing leaves the queue
+        full.submit([SeqSpec([1], 2)])                               # slots free: taken whatever the queue
+        full.submit([SeqSpec([2], 2)])
+        full.submit([SeqSpec([2], 2)])                               # the one place in the queue
+        with pytest.raises(QueueFullError):
+            full.submit([SeqSpec([3], 2)])
+        with pytest.raises(ContextOverflowError):
+            full.submit([SeqSpec([1] * 10, m.n_ctx)])
+        with pytest.raises(InvalidArgumentError):
+            full.submit([SeqSpec([1], 2, dict(temperature=-1))])
+        full.close()
+        assert full.idle
+
+
+def test_api_lists_and_samples(ckpt_tiny):
+    with GPT2.load(ckpt_tiny) as m:
+        prompts = ["Hello there", "The quick brown fox", ""]
+        out = m.generate(prompts, max_new_tokens=[5, 12, 3], temperature=0)
+        assert out == [m.generate(p, n, temperature=0) for p, n in zip(prompts, [5, 12, 3])]
+        s = m.generate("Once upon", max_new_tokens=8, n=3, seed=11, temperature=1.0)
+        assert s == [m.generate("Once upon", 8, seed=sample_seed(11, k), temperature=1.0) for k in range(3)]
+        both = m.generate(["a", "b"], max_new_tokens=6, n=2, seed=100, top_k=5)
+        assert both == [m.generate(p, 6, seed=100 + j, top_k=5) for j, p in enumerate(["a", "a", "b", "b"])]
+        per = m.generate(["a", "b"], max_new_tokens=6, seed=[4, 9], temperature=[0.5, 1.5])
+        assert per == [m.generate("a", 6, seed=4, temperature=0.5), m.generate("b", 6, seed=9, temperature=1.5)]
+        stop = m.generate(["x y z", "x y z"], max_new_tokens=20, temperature=0, stop=[[" the"], None])
+        assert stop == [m.generate("x y z", 20, temperature=0, stop=[" the"]), m.generate("x y z", 20, temperature=0)]
+        pieces: dict = {}
+        for i, piece in m.stream(prompts, max_new_tokens=7, seed=2):
+            pieces[i] = pieces.get(i, "") + piece
+        assert [pieces.get(i, "") for i in range(3)] == m.generate(prompts, max_new_tokens=7, seed=2)
+        ids = [m.encode("Hello"), m.encode("World wide")]
+        pairs = list(m.generate_ids(ids, 4, temperature=0))
+        assert [t for i, t in pairs if i == 1] == list(m.generate_ids(ids[1], 4, temperature=0))
+        assert list(m.generate_ids(ids[0], 4, temperature=0, n=1)) == [(0, t) for t in m.generate_ids(ids[0], 4, temperature=0)]
+        for bad in (dict(max_new_tokens=[1]), dict(n=0), dict(seed=-1), dict(temperature="hot"), dict(n=True),
+                    dict(bogus=1)):
+            with pytest.raises(InvalidArgumentError):
+                m.generate(["a", "b"], **bad)
+        with pytest.raises(InvalidArgumentError):
+            m.stream(["a", 3])
+        with pytest.raises(ContextOverflowError):
+            m.generate(["a"], max_new_tokens=m.n_ctx)
+        assert m.generate("Hello", 5, temperature=0) == m.generate(["Hello"], 5, temperature=0)[0]

@@ -1,0 +1,363 @@
+"""The OpenAI-compatible server (gpt2asm/server.py) on 127.0.0.1, an ephemeral port, a tiny checkpoint.
+
+Contract: the real `openai` client gets, streaming or not, the text GPT2.generate gives alone (choice j of
+a call with seed s: seed s + j); echo + logprobs return GPT2.logprobs's numbers; under a bounded load
+(64 requests from 32 clients, mixed lengths, greedy and seeded, some cancelled mid-stream) every
+completion is the request alone and nothing is lost; every error is its status and an OpenAI JSON error
+(never a traceback); a disconnected stream frees its slot; SIGTERM lets the in-flight stream end with a
+finish_reason and the process exit 0.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from gpt2asm import GPT2
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+pytest.importorskip("prometheus_client")
+
+from gpt2asm.server import App, create_app  # noqa: E402
+
+
+class Running:
+    """A server in a thread of this process: its App state, base URL, and stop()."""
+
+    def __init__(self, ckpt, loader=None, **kw):
+        import uvicorn
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state = App(loader or (lambda: GPT2.load(ckpt)), "tiny", **kw)
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.state), log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[self.sock]), daemon=True)
+        self.thread.start()
+        t0 = time.monotonic()
+        while not self.server.started:
+            assert time.monotonic() - t0 < 60, "the server did not start"
+            time.sleep(0.02)
+
+    def wait_loaded(self):
+        assert self.state.loaded.wait(60)
+        return self
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+def http(url, body=None, method=None, headers=None, raw: bytes | None = None):
+    """(status, parsed JSON or text) of one request (urllib: no client-side checks)."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    assert "Traceback" not in text
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+@pytest.fixture(scope="module")
+def ref(ckpt_tiny):
+    with GPT2.load(ckpt_tiny) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def srv(ckpt_tiny):
+    s = Running(ckpt_tiny, max_batch=8, max_queue=64).wait_loaded()
+    yield s
+    s.stop()
+
+
+def test_openai_client(srv, ref):
+    c = srv.client()
+    r = c.completions.create(model="tiny", prompt="Alan Turing theorized that", max_tokens=12, temperature=0)
+    assert r.choices[0].text == ref.generate("Alan Turing theorized that", 12, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.object == "text_completion"
+    n_prompt = len(ref.encode("Alan Turing theorized that"))
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (n_prompt, 12, n_prompt + 12)
+
+    prompts = ["Hello there", "The quick brown fox"]
+    r = c.completions.create(model="tiny", prompt=prompts, max_tokens=6, n=2, seed=41, temperature=0.9, top_p=0.95,
+                             extra_body={"top_k": 50})
+    want = [ref.generate(prompts[j // 2], 6, seed=41 + j, temperature=0.9, top_p=0.95, top_k=50) for j in range(4)]
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3] and [ch.text for ch in r.choices] == want
+
+    got: dict = {}
+    fins: dict = {}
+    for chunk in c.completions.create(model="tiny", prompt=prompts, max_tokens=9, seed=5, stream=True,
+                                      stream_options={"include_usage": True}):
+        for ch in chunk.choices:
+            got[ch.index] = got.get(ch.index, "") + ch.text
+            if ch.finish_reason:
+                fins[ch.index] = ch.finish_reason
+        if chunk.usage:
+            assert chunk.usage.completion_tokens == 18
+    assert [got.get(i, "") for i in range(2)] == [ref.generate(p, 9, seed=5 + i, temperature=1.0)
+                                                       for i, p in enumerate(prompts)]
+    assert fins == {0: "length", 1: "length"}
+
+    r = c.completions.create(model="tiny", prompt="x y z", max_tokens=20, temperature=0, stop=[" the", "\n"])
+    assert r.choices[0].text == ref.generate("x y z", 20, temperature=0, stop=[" the", "\n"])
+    ids = ref.encode("Token ids in, text out")
+    r = c.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0)
+    assert r.choices[0].text == ref.generate("Token ids in, text out", 4, temperature=0)
+    assert [mm.id for mm in c.models.list().data] == ["tiny"]
+
+
+def test_echo_logprobs_are_scoring_numbers(srv, ref):
+    text = "Scoring text is what GPT-2 is most used for today."
+    r = srv.client().completions.create(model="tiny", prompt=text, max_tokens=0, echo=True, logprobs=3)
+    ch = r.choices[0]
+    assert ch.text == text
+    want = ref.logprobs([text])[0]
+    lp = ch.logprobs.token_logprobs
+    assert lp[0] is None and np.array_equal(np.array(lp[1:]), want[1:])
+    assert len(ch.logprobs.tokens) == len(want) and all(len(t) <= 3 for t in ch.logprobs.top_logprobs[1:])
+    r = srv.client().completions.create(model="tiny", prompt=text, max_tokens=3, echo=True, logprobs=1,
+                                        temperature=0)
+    lp = r.choices[0].logprobs
+    gen = ref.generate(text, 3, temperature=0)
+    assert r.choices[0].text == text + gen and len(lp.tokens) == len(want) + 3
+    for t, v, top in zip(lp.tokens[len(want):], lp.token_logprobs[len(want):], lp.top_logprobs[len(want):]):
+        assert v <= 0 and max(top.values()) == pytest.approx(v)        # greedy: the most likely token
+
+
+def test_side_endpoints(srv, ref):
+    assert http(srv.url + "/health") == (200, {"status": "ok"})
+    st, body = http(srv.url + "/tokenize", {"prompt": "Hello world"})
+    assert st == 200 and body["tokens"] == ref.encode("Hello world") and body["max_model_len"] == ref.n_ctx
+    assert http(srv.url + "/detokenize", {"tokens": body["tokens"]}) == (200, {"prompt": "Hello world"})
+    st, text = http(srv.url + "/metrics")
+    assert st == 200
+    for name in ("gpt2asm_requests_total", "gpt2asm_generation_tokens_total", "gpt2asm_batch_occupancy",
+                 "gpt2asm_queue_depth", "gpt2asm_time_to_first_token_seconds_bucket",
+                 "gpt2asm_inter_token_latency_seconds_bucket", "gpt2asm_prompt_tokens_total"):
+        assert name in text
+
+
+def test_disconnect_frees_slots(srv):
+    """A non-streaming request whose client goes away ends at the next step (its slots freed)."""
+    before = srv.state.metrics.finished.labels("cancelled")._value.get()
+    body = json.dumps({"prompt": "Hello", "max_tokens": 1000, "temperature": 0, "n": 2}).encode()
+    with socket.create_connection(("127.0.0.1", srv.port)) as c:
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        t0 = time.monotonic()
+        while srv.state.sched.running < 2:
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.01)
+    t0 = time.monotonic()
+    while srv.state.sched.running:
+        assert time.monotonic() - t0 < 30, "a disconnected request kept its slots"
+        time.sleep(0.05)
+    assert srv.state.metrics.finished.labels("cancelled")._value.get() == before + 2
+
+
+def err(status_body, status, param=None, code=None):
+    st, body = status_body
+    assert st == status, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+    if code is not None:
+        assert body["error"]["code"] == code
+
+
+def test_errors(srv, ref):
+    u = srv.url + "/v1/completions"
+    for bad, param in ((dict(temperature=-1), "temperature"), (dict(temperature="hot"), "temperature"),
+                       (dict(top_p=0), "top_p"), (dict(top_k=1.5), "top_k"), (dict(n=0), "n"), (dict(n=True), "n"),
+                       (dict(max_tokens=-1), "max_tokens"), (dict(seed=-5), "seed"), (dict(stop=[1]), "stop"),
+                       (dict(stream="yes"), "stream"), (dict(echo=1), "echo"), (dict(logprobs=99), "logprobs"),
+                       (dict(prompt=[[1], "a"]), "prompt"), (dict(prompt=[10 ** 9]), "prompt"),
+                       (dict(prompt={"a": 1}), "prompt"), (dict(frequency_penalty=1), "frequency_penalty"),
+                       (dict(bogus=1), "bogus"), (dict(best_of=3), "best_of")):
+        err(http(u, {"prompt": "Hi", **bad}), 400, param)
+    err(http(u, {"prompt": "Hi", "max_tokens": ref.n_ctx}), 400, "max_tokens", "context_length_exceeded")
+    err(http(u, {"prompt": [0] * (ref.n_ctx + 1), "max_tokens": 0}), 400, code="context_length_exceeded")
+    err(http(u, raw=b"{not json"), 400)
+    err(http(u, raw=b"[1, 2]"), 400)
+    err(http(u, {"prompt": "Hi", "model": "gpt-4"}), 404, "model", "model_not_found")
+    err(http(srv.url + "/v1/nothing"), 404)
+    err(http(srv.url + "/v1/completions", method="GET"), 405)
+    err(http(srv.url + "/tokenize", {"prompt": 5}), 400)
+    err(http(srv.url + "/detokenize", {"tokens": [-1]}), 400)
+    with pytest.raises(openai.BadRequestError):
+        srv.client().completions.create(model="tiny", prompt="Hi", temperature=7000)
+
+
+def test_api_key_loading_queue_and_shutdown(ckpt_tiny):
+    gate = threading.Event()
+
+    def slow_loader():
+        gate.wait(60)
+        return GPT2.load(ckpt_tiny)
+    s = Running(ckpt_tiny, loader=slow_loader, api_key="s3cret", max_batch=1, max_queue=0)
+    try:
+        err(http(s.url + "/v1/completions", {"prompt": "Hi"}, headers={"Authorization": "Bearer s3cret"}), 503,
+            code="loading")
+        assert http(s.url + "/health")[0] == 503
+        gate.set()
+        s.wait_loaded()
+        assert http(s.url + "/health") == (200, {"status": "ok"})            # no key needed
+        err(http(s.url + "/v1/completions", {"prompt": "Hi"}), 401, code="invalid_api_key")
+        err(http(s.url + "/v1/models", headers={"Authorization": "Bearer s3cre"}), 401)
+        err(http(s.url + "/metrics", headers={"Authorization": "Bearer s3cret-"}), 401)
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").completions.create(model="tiny", prompt="Hi", max_tokens=1)
+        good = s.client("s3cret")
+        # one slot, no queue: a second request while one runs is 429
+        stream = good.completions.create(model="tiny", prompt="Hi", max_tokens=900, temperature=0, stream=True)
+        it = iter(stream)
+        next(it)
+        err(http(s.url + "/v1/completions", {"prompt": "Hi"}, headers={"Authorization": "Bearer s3cret"}), 429,
+            code="queue_full")
+        with pytest.raises(openai.RateLimitError):
+            good.completions.create(model="tiny", prompt="Hi", max_tokens=1)
+        stream.close()                                                          # disconnect: slot freed
+        t0 = time.monotonic()
+        while s.state.sched.running:
+            assert time.monotonic() - t0 < 30, "a disconnected stream kept its slot"
+            time.sleep(0.02)
+        assert good.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices[0].finish_reason == "length"
+        st, text = http(s.url + "/metrics", headers={"Authorization": "Bearer s3cret"})
+        assert 'gpt2asm_sequences_finished_total{finish_reason="cancelled"} 1.0' in text
+        s.state.begin_shutdown()
+        err(http(s.url + "/v1/completions", {"prompt": "Hi"}, headers={"Authorization": "Bearer s3cret"}), 503,
+            code="shutting_down")
+        assert http(s.url + "/health")[0] == 503
+    finally:
+        gate.set()
+        s.stop()
+
+
+def test_load_every_completion_as_alone(ckpt_tiny, ref):
+    """64 requests from 32 concurrent clients (mixed lengths, greedy and seeded, 8 cancelled mid-stream)
+    into 8 slots: every finished completion is the request alone, every cancelled one a prefix of it."""
+    s = Running(ckpt_tiny, max_batch=8, max_queue=64).wait_loaded()
+    rng = random.Random(0)
+    words = "the of and to in is was for on that with as by at from his it an were are which".split()
+    jobs = []
+    for i in range(64):
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        samp = dict(temperature=0) if i % 2 else dict(temperature=0.9, seed=rng.randint(0, 1 << 40))
+        jobs.append(dict(prompt=prompt, max_tokens=rng.randint(1, 12), stream=i % 3 == 0, cancel=i % 8 == 3, **samp))
+    client = s.client()
+
+    def run(job):
+        args = {k: v for k, v in job.items() if k not in ("cancel",)}
+        if not job["stream"] and not job["cancel"]:
+            r = client.completions.create(model="tiny", **args)
+            return r.choices[0].text, r.choices[0].finish_reason
+        args["stream"] = True
+        text, fin = "", None
+        st = client.completions.create(model="tiny", **args)
+        for chunk in st:
+            for ch in chunk.choices:
+                text += ch.text
+                fin = ch.finish_reason or fin
+            if job["cancel"] and chunk.choices and chunk.choices[0].text:
+                st.close()
+                return text, "client-cancelled"
+        return text, fin
+
+    try:
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(32) as ex:
+            results = list(ex.map(run, jobs, timeout=600))
+        assert time.monotonic() - t0 < 600
+        while s.state.sched.running or s.state.sched.waiting:
+            assert time.monotonic() - t0 < 600
+            time.sleep(0.05)
+    finally:
+        s.stop()
+    for job, (text, fin) in zip(jobs, results):
+        samp = {k: job[k] for k in ("temperature", "seed") if k in job}
+        want = ref.generate(job["prompt"], job["max_tokens"], **samp)
+        if fin == "client-cancelled":
+            assert want.startswith(text)
+        else:
+            assert fin == "length" and text == want, job
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_mid_stream(ckpt_tiny):
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "gpt2asm", "serve", "--model", str(ckpt_tiny), "--port", str(port),
+                          "--drain-timeout", "0.3", "--log-level", "warning"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        t0 = time.monotonic()
+        while True:
+            try:
+                if http(url + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert p.poll() is None and time.monotonic() - t0 < 120, "the server did not come up"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+        stream = client.completions.create(model=ckpt_tiny.name, prompt="Hello", max_tokens=1000, temperature=0, stream=True)
+        text, fin, n = "", None, 0
+        for chunk in stream:
+            for ch in chunk.choices:
+                text += ch.text
+                fin = ch.finish_reason or fin
+            n += 1
+            if n == 3:
+                p.send_signal(signal.SIGTERM)
+        assert fin == "shutdown" and len(text) > 0
+        assert p.wait(60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = p.stdout.read()
+    assert "Traceback" not in out, out
+
+
+def test_serve_command_errors(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "gpt2asm", "serve", "--model", str(tmp_path / "none"), "--port", "0",
+                        "--log-level", "critical"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "gpt2asm serve: error:" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "gpt2asm", "serve", "--max-batch", "0"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--max-batch" in r.stderr and "Traceback" not in r.stderr
