@@ -7,13 +7,18 @@ stats line is still printed).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
-from .errors import GPT2AsmError
-from .kernels import FAMILIES, ARCH
+try:
+    import argparse
+    import time
+
+    from .errors import GPT2AsmError
+    from .kernels import FAMILIES, ARCH
+except KeyboardInterrupt:                  # Ctrl-C while the modules load (numpy, the library): no traceback
+    sys.stderr.write("gpt2asm: interrupted\n")
+    sys.exit(130)
 
 DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8"}     # --dtype -> the stats line's name
 
@@ -51,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-n", type=positive_int(0, 1 << 20), default=64, metavar="N",
                     help="tokens to generate (default 64)")
     ap.add_argument("-t", type=bounded_float(0.0, 100.0), default=0.8, metavar="T",
-                    help="sampling temperature, 0 = greedy (default 0.8)")
+                    help="sampling temperature, 0 = greedy, as is anything below 1e-4 (default 0.8)")
     ap.add_argument("-s", metavar="ISA", default=None,
                     help=f"kernel family: {' | '.join(f'{i}={n}' for i, n in enumerate(names))} or a name "
                          "(default: best available, or $GPT2ASM_ISA)")
@@ -80,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=bounded_float(0.0, 1.0, lo_open=True), default=1.0, metavar="P",
                     help="nucleus sampling: the smallest set with probability ≥ P (1 = off)")
     ap.add_argument("--repetition-penalty", type=bounded_float(0.0, 100.0, lo_open=True), default=1.0,
-                    metavar="R", help="divide logits of tokens already seen by R (1 = off)")
+                    metavar="R", help="divide logits of tokens already seen by R, 1e-4..100 (1 = off)")
     ap.add_argument("--help", action="help", help="show this help and exit")
     return ap
 
@@ -92,7 +97,29 @@ def weight_dtype(ap: argparse.ArgumentParser, args) -> str:
     return "f16" if args.fp16 else (args.dtype or "f32")
 
 
+class _OutputError(Exception):
+    """Standard output cannot take the text (a full disk, a closed or broken descriptor)."""
+
+
+def _write(out, text: str) -> None:
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:     # ENOSPC (/dev/full), EIO, EBADF; ValueError: closed file
+        raise _OutputError(getattr(e, "strerror", None) or str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:              # Ctrl-C before or after the model's own handling (argument parsing)
+        print("gpt2asm: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     dtype = weight_dtype(ap, args)
@@ -101,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     model = None
     load_s = 0.0
     out = sys.stdout
+    if out is None:                                 # started with stdout closed (`>&-`)
+        print("gpt2asm: error: standard output is closed; nowhere to write the text", file=sys.stderr)
+        return 2
     try:
         out.reconfigure(errors="replace")           # never die on a terminal that cannot show a character
     except (AttributeError, ValueError):
@@ -120,23 +150,20 @@ def main(argv: list[str] | None = None) -> int:
         gen = model.generate_ids(prompt_ids, args.n, temperature=args.t, top_k=args.top_k, top_p=args.top_p,
                                  repetition_penalty=args.repetition_penalty, seed=seed, stats=stats)
         if args.ids:
-            print(" ".join(map(str, prompt_ids or [model.tokenizer.eot_id])), file=out, flush=True)
+            _write(out, " ".join(map(str, prompt_ids or [model.tokenizer.eot_id])) + "\n")
             midline = True
             for tok in gen:
-                print(tok, end=" ", file=out, flush=True)
-            print(file=out)
+                _write(out, f"{tok} ")
+            _write(out, "\n")
         else:
             import codecs
             dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            out.write(prompt)
-            out.flush()
+            _write(out, prompt)
             midline = True
             for tok in gen:
-                out.write(dec.decode(model.tokenizer.token_bytes(tok)))
-                out.flush()
-            out.write(dec.decode(b"", final=True) + "\n")
+                _write(out, dec.decode(model.tokenizer.token_bytes(tok)))
+            _write(out, dec.decode(b"", final=True) + "\n")
         midline = False
-        out.flush()
     except KeyboardInterrupt:                         # Ctrl-C: stop cleanly, still say what was done
         status = 130
         if stats:
@@ -146,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:                           # `... | head`: the reader is gone, so are we
         _silence_stdout()
         return 141
+    except _OutputError as e:                         # /dev/full, a closed or failing descriptor
+        status = 2
+        _silence_stdout()                             # the interpreter's last flush must not fail again
+        print(f"gpt2asm: error: cannot write to standard output: {e}", file=sys.stderr)
+        stats.clear()
     except GPT2AsmError as e:
         status = 2
         lines = str(e).splitlines() or [type(e).__name__]

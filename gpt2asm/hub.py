@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DownloadError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError
+from .safefs import MAX_JSON, expand_user, read_text
 
 FILES = ("model.safetensors", "vocab.json", "merges.txt", "config.json")
 NEEDED = ("model.safetensors", "vocab.json", "merges.txt")
@@ -110,12 +111,10 @@ def offline() -> bool:
 
 def hf_cache_dir() -> Path:
     """The Hugging Face hub cache, resolved from the environment now (as huggingface_hub does at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.path.expandvars(os.environ["HF_HUB_CACHE"])).expanduser()
-    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(os.path.expandvars(os.environ["HUGGINGFACE_HUB_CACHE"])).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        if os.environ.get(var):
+            d = expand_user(os.path.expandvars(os.environ[var]), f"${var}")
+            return d / "hub" if var == "HF_HOME" else d
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "huggingface" / "hub"
 
@@ -123,7 +122,7 @@ def hf_cache_dir() -> Path:
 def own_cache_dir() -> Path:
     """gpt2asm's own cache: $GPT2ASM_CACHE, else $XDG_CACHE_HOME/gpt2asm, else ~/.cache/gpt2asm."""
     if os.environ.get("GPT2ASM_CACHE"):
-        return Path(os.environ["GPT2ASM_CACHE"]).expanduser()
+        return expand_user(os.environ["GPT2ASM_CACHE"], "$GPT2ASM_CACHE")
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gpt2asm"
 
@@ -142,11 +141,11 @@ def load_pins(pins: dict | None = None) -> dict[str, Pin]:
     if not path:
         return dict(PINS)
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = json.loads(read_text(path, MAX_JSON, InvalidArgumentError, "pins file"))
         if not isinstance(raw, dict):
             raise ValueError("expected a JSON object")
         return {k: _as_pin(k, v) for k, v in raw.items()}
-    except (OSError, ValueError, RecursionError, TypeError, KeyError) as e:
+    except (GPT2AsmError, ValueError, RecursionError, TypeError, KeyError) as e:
         raise InvalidArgumentError(f"$GPT2ASM_HUB_PINS={path}: cannot use it: {e}") from None
 
 
@@ -192,10 +191,10 @@ def _snapshots(repo_dir: Path, revision: str | None) -> list[Path]:
     if revision:
         order.append(snaps / revision)
     try:
-        main = (repo_dir / "refs" / "main").read_text().strip()
+        main = read_text(repo_dir / "refs" / "main", 4096, ModelNotFoundError, "refs/main").strip()
         if _HEX40.match(main):
             order.append(snaps / main)
-    except (OSError, UnicodeDecodeError):
+    except GPT2AsmError:
         pass
     rest = sorted(all_snaps, key=lambda p: _mtime(p), reverse=True)
     out = []
@@ -240,10 +239,10 @@ class _Verified:
     def __init__(self):
         self.path = own_cache_dir() / "verified.json"
         try:
-            self.data = json.loads(self.path.read_text(encoding="utf-8"))
+            self.data = json.loads(read_text(self.path, MAX_JSON, ModelNotFoundError, "verified.json"))
             if not isinstance(self.data, dict):
                 self.data = {}
-        except (OSError, ValueError, RecursionError):
+        except (GPT2AsmError, ValueError, RecursionError):
             self.data = {}
 
     @staticmethod

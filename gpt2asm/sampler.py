@@ -31,7 +31,28 @@ class Rng:
         return (((x * 0x2545F4914F6CDD1D) & MASK64) >> 11) * (1.0 / (1 << 53))
 
 
-def check_params(temperature: float, top_k: int, top_p: float, repetition_penalty: float) -> None:
+MIN_TEMPERATURE = 1e-4          # below this (0 included) sampling is greedy: see tiny_value_rule
+MIN_REPETITION_PENALTY = 1e-4   # below this a repetition penalty is refused
+
+
+def tiny_value_rule(temperature: float, repetition_penalty: float) -> tuple[float, float]:
+    """THE rule for tiny temperatures and repetition penalties, for every caller (API, CLI, Sampler):
+    (temperature, repetition_penalty) as sampling will use them, already range-checked as numbers.
+
+    The sampler divides float32 logits by both; a value near zero (1e-39 is a float32 subnormal, 1e-300
+    rounds to 0.0) sends logits to inf and the softmax to NaN.  So:
+    - temperature in (0, MIN_TEMPERATURE) is greedy, as 0 is (the limit of sampling as T -> 0: the
+      most likely token; ties go to the first, as with 0) -- returned as 0.0;
+    - repetition_penalty in (0, MIN_REPETITION_PENALTY) is an InvalidArgumentError (no limit makes sense).
+    Logits up to 3e34 in magnitude stay finite after either division at the smallest accepted value."""
+    if 0.0 < repetition_penalty < MIN_REPETITION_PENALTY:
+        raise InvalidArgumentError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, 100] "
+                                   f"(1 = off), got {repetition_penalty!r}")
+    return (0.0 if temperature < MIN_TEMPERATURE else temperature), repetition_penalty
+
+
+def check_params(temperature: float, top_k: int, top_p: float, repetition_penalty: float) -> tuple[float, float]:
+    """Range checks, then tiny_value_rule: the (temperature, repetition_penalty) to sample with."""
     if not (isinstance(temperature, (int, float)) and 0.0 <= temperature <= 100.0):
         raise InvalidArgumentError(f"temperature must be in [0, 100], got {temperature!r}")
     if not (isinstance(top_k, int) and top_k >= 0):
@@ -40,12 +61,13 @@ def check_params(temperature: float, top_k: int, top_p: float, repetition_penalt
         raise InvalidArgumentError(f"top_p must be in (0, 1], got {top_p!r}")
     if not (isinstance(repetition_penalty, (int, float)) and 0.0 < repetition_penalty <= 100.0):
         raise InvalidArgumentError(f"repetition_penalty must be in (0, 100], got {repetition_penalty!r}")
+    return tiny_value_rule(float(temperature), float(repetition_penalty))
 
 
 class Sampler:
     def __init__(self, softmax, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int = 0, argmax=None):
-        check_params(temperature, top_k, top_p, repetition_penalty)
+        temperature, repetition_penalty = check_params(temperature, top_k, top_p, repetition_penalty)
         if not (isinstance(seed, int) and 0 <= seed < 1 << 64):
             raise InvalidArgumentError(f"seed must be an integer in [0, 2^64), got {seed!r}")
         self.softmax = softmax                   # the assembly softmax: float32 [n] -> float32 [n]
