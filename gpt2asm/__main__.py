@@ -5,20 +5,37 @@ Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one
 Exit status: 0 done, 2 a user error (one message on stderr, no traceback), 130 interrupted (Ctrl-C; the
 stats line is still printed).
 """
-from __future__ import annotations
+import sys                                 # (already loaded: nothing to find) -- and no __future__ import,
+                                           # which would be found and loaded before the guard below
+_sigints = []                              # Ctrl-C while the modules load (numpy, the library): no traceback.
+try:                                       # numpy turns one that lands inside its C imports into an
+    import signal                          # ImportError, so the handler also notes that it ran.
 
-import os
-import sys
+    def _on_sigint(signum, frame):
+        _sigints.append(signum)
+        raise KeyboardInterrupt
 
-try:
+    try:
+        signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:                     # not the main thread (imported, not run): nothing to guard
+        pass
+    import os
     import argparse
     import time
 
     from .errors import GPT2AsmError
     from .kernels import FAMILIES, ARCH
-except KeyboardInterrupt:                  # Ctrl-C while the modules load (numpy, the library): no traceback
+    if signal.getsignal(signal.SIGINT) is _on_sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+except KeyboardInterrupt:
     sys.stderr.write("gpt2asm: interrupted\n")
     sys.exit(130)
+except ImportError as e:
+    if _sigints:
+        sys.stderr.write("gpt2asm: interrupted\n")
+        sys.exit(130)
+    sys.stderr.write(f"gpt2asm: error: cannot import {e.name or 'a module'}: {(str(e).splitlines() or [''])[0]}\n")
+    sys.exit(2)
 
 DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8"}     # --dtype -> the stats line's name
 

@@ -378,7 +378,7 @@ def _resolve(path) -> tuple[Path, Path | None]:
     else:
         raise ModelNotFoundError(f"{p}: no such model directory or file")
     cfg = f.parent / CONFIG_FILE
-    return f, (cfg if cfg.is_file() else None)
+    return f, (cfg if cfg.exists() else None)      # a FIFO or device here is refused when read, not ignored
 
 
 class _Loader:
