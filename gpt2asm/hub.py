@@ -11,8 +11,7 @@ config.json, looked for in this order:
    of the pinned revision first, then the one refs/main points to, then any complete one;
 2. gpt2asm's own cache ($GPT2ASM_CACHE, else $XDG_CACHE_HOME/gpt2asm, else ~/.cache/gpt2asm),
    models/<org>--<name>/<revision>/;
-3. a download with huggingface_hub (the optional dependency `pip install huggingface_hub`, imported only
-   here and only when needed) into the Hugging Face cache that transformers shares — or into gpt2asm's
+3. a download with huggingface_hub (a dependency of gpt2asm, imported only here and only when needed) into the Hugging Face cache that transformers shares — or into gpt2asm's
    own cache when that one is not writable. The endpoint is huggingface_hub's own default, overridden
    by $HF_ENDPOINT; $HF_HUB_OFFLINE (or $TRANSFORMERS_OFFLINE) forbids the download.
 
@@ -462,7 +461,7 @@ def download(repo: str, *, pins: dict | None = None, progress: bool = True, endp
     hf = _hf()
     if hf is None:
         raise ModelNotFoundError(f"cannot download {repo}: the Python package huggingface_hub is not installed "
-                                 "(pip install huggingface_hub, or pip install 'gpt2asm[hub]')")
+                                 "(it is a dependency of gpt2asm: pip install huggingface_hub, or reinstall gpt2asm)")
     ep = endpoint_url or endpoint()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     from huggingface_hub import hf_hub_download
