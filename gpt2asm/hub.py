@@ -453,6 +453,35 @@ def _writable(d: Path) -> bool:
         return False
 
 
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+PROBE_TIMEOUT = 3.0
+
+
+def unreachable(ep: str | None, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why a TCP connection to the hub's host cannot be opened, or None if it can (or a proxy is set, so
+    only huggingface_hub can tell).  One quick look before huggingface_hub, which retries a failed
+    connection with back-off for half a minute: offline, "not reachable" comes in a moment."""
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    import socket
+    from urllib.parse import urlsplit
+    if not ep:
+        from huggingface_hub import constants
+        ep = constants.ENDPOINT
+    try:
+        u = urlsplit(ep)
+        host, port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not host:
+        return None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None
+
+
 def download(repo: str, *, pins: dict | None = None, progress: bool = True, endpoint_url: str | None = None,
              cache_dir: str | os.PathLike | None = None, log=None) -> Path:
     """Download the four files of `repo` at one fixed revision; return the verified snapshot directory."""
@@ -463,6 +492,10 @@ def download(repo: str, *, pins: dict | None = None, progress: bool = True, endp
         raise ModelNotFoundError(f"cannot download {repo}: the Python package huggingface_hub is not installed "
                                  "(it is a dependency of gpt2asm: pip install huggingface_hub, or reinstall gpt2asm)")
     ep = endpoint_url or endpoint()
+    why = unreachable(ep)
+    if why:
+        raise ModelNotFoundError(f"cannot download {repo}: cannot reach the hub at {ep or 'the Hugging Face hub'} "
+                                 f"(no network?): {why}")
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
