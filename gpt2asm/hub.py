@@ -422,11 +422,12 @@ def _classify(e: BaseException, repo: str, ep: str | None) -> tuple[type, str]:
     cannot be reached or has no such thing, DownloadError when a transfer went wrong."""
     t = _hf_error_types()
     where = ep or "the Hugging Face hub"
-    kinds = [("RepositoryNotFoundError", f"the hub at {where} has no repository {repo} (or it is private)"),
+    # LocalEntryNotFoundError first: newer huggingface_hub derives it from EntryNotFoundError
+    kinds = [("LocalEntryNotFoundError", f"cannot reach the hub at {where} (no network?)"),
+             ("RepositoryNotFoundError", f"the hub at {where} has no repository {repo} (or it is private)"),
              ("RevisionNotFoundError", f"the hub at {where} has no such revision of {repo}"),
              ("EntryNotFoundError", f"the hub at {where} lacks a file of {repo}"),
-             ("OfflineModeIsEnabled", "huggingface_hub is in offline mode (HF_HUB_OFFLINE)"),
-             ("LocalEntryNotFoundError", f"cannot reach the hub at {where} (no network?)")]
+             ("OfflineModeIsEnabled", "huggingface_hub is in offline mode (HF_HUB_OFFLINE)")]
     for type_name, why in kinds:
         if t[type_name] is not None and isinstance(e, t[type_name]):
             return ModelNotFoundError, f"{why}: {_first_line(e)}"

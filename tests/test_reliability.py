@@ -415,7 +415,8 @@ def test_make_run_picks_the_random_checkpoint_only_without_gpt2(tmp_path, tokeni
 
 def test_unreachable_hub_is_found_out_quickly(tmp_path, monkeypatch):
     from gpt2asm import hub
-    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") + hub._PROXY_VARS:
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+              "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("GPT2ASM_CACHE", str(tmp_path / "own"))
