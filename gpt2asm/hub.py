@@ -30,10 +30,12 @@ file {repo_id: {"revision": COMMIT, "files": {name: {"size": N, "sha256": HEX}}}
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,9 +215,19 @@ def _mtime(p: Path) -> float:
 # ----------------------------------------------------------------------------------------------------
 # verification
 
+def _open_regular(path: Path):
+    """The file opened for reading if it is a regular file (a FIFO is not waited on, a device not read
+    without end), else OSError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return open(fd, "rb")
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -223,10 +235,9 @@ def sha256_file(path: Path) -> str:
 
 def git_blob_sha1(path: Path) -> str:
     """git's object id of a file: SHA-1 over 'blob <size>\\0' + content (the hub's ETag of small files)."""
-    size = path.stat().st_size
-    h = hashlib.sha1()
-    h.update(b"blob %d\0" % size)
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
+        h = hashlib.sha1()
+        h.update(b"blob %d\0" % os.fstat(f.fileno()).st_size)
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()

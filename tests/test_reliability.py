@@ -425,3 +425,22 @@ def test_unreachable_hub_is_found_out_quickly(tmp_path, monkeypatch):
     with pytest.raises(ModelNotFoundError, match="cannot reach the hub"):
         hub.download("openai-community/gpt2", progress=False)
     assert time.monotonic() - t0 < 10
+
+
+def test_hub_cache_fifo_is_not_hashed(ckpt_tiny, tmp_path):
+    """A cached snapshot whose config.json links to a FIFO named as a content hash: refused, not waited on."""
+    snap = tmp_path / "hf" / "hub" / "models--openai-community--gpt2" / "snapshots" / ("a" * 40)
+    blobs = tmp_path / "hf" / "hub" / "models--openai-community--gpt2" / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in ("model.safetensors", "vocab.json", "merges.txt"):
+        shutil.copy(ckpt_tiny / f, snap / f)
+    os.mkfifo(blobs / ("0" * 64))
+    os.symlink(blobs / ("0" * 64), snap / "config.json")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("GPT2ASM_", "HF_"))}
+    e.update(PYTHONPATH=str(ROOT), HF_HOME=str(tmp_path / "hf"), GPT2ASM_CACHE=str(tmp_path / "own"))
+    r = subprocess.run([sys.executable, "-c", "from gpt2asm import hub; d, looked = "
+                        "hub.find_cached('openai-community/gpt2'); print(d); print(*looked, sep='\\n')"],
+                       capture_output=True, text=True, env=e, timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "None", r
+    assert "not a regular file" in r.stdout
