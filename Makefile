@@ -19,8 +19,14 @@ models: setup                ## the real tokenizer files, and a random-init 124M
 	@if [ "$(MODEL)" = models/random-124M ] && [ ! -f models/random-124M/model.safetensors ]; then \
 	  $(PYTHON) tools/make_checkpoint.py --out models/random-124M --size 124M --seed 0 --tokenizer models/tokenizer; fi
 
-run: models                  ## the main job: 60 tokens after the prompt, seeded sampling
-	$(PYTHON) -m gpt2asm --model $(MODEL) -n 60 --seed 1 "$(PROMPT)"
+# `make run` without MODEL=: ./model.safetensors if there, else gpt2 from the caches or the hub, else the random
+# checkpoint (tools/pick_model.py writes it when needed and says so).
+RUN_MODEL = $(if $(filter file,$(origin MODEL)),$(if $(wildcard model.safetensors),.,auto),$(MODEL))
+
+run: setup                   ## the main job: 60 tokens after the prompt, seeded sampling
+	@model="$$($(PYTHON) tools/pick_model.py '$(RUN_MODEL)')" && \
+	  echo "$(PYTHON) -m gpt2asm --model $$model -n 60 --seed 1 \"$(PROMPT)\"" && \
+	  $(PYTHON) -m gpt2asm --model "$$model" -n 60 --seed 1 "$(PROMPT)"
 
 serve: models                ## the OpenAI-compatible server on 127.0.0.1:8000 (README "Serving"; SERVE_ARGS=...)
 	$(PYTHON) -m pip install -q starlette uvicorn prometheus_client

@@ -6,12 +6,12 @@
 """
 from .errors import (CheckpointError, ContextOverflowError, DownloadError, GPT2AsmError, InvalidArgumentError,
                      KernelUnavailableError, LibraryError, ModelNotFoundError, NonFiniteLogitsError,
-                     TokenizerError)
+                     SessionBusyError, TokenizerError)
 
 __version__ = "0.1.0"
 __all__ = ["GPT2", "GPT2AsmError", "DownloadError", "CheckpointError", "ContextOverflowError", "InvalidArgumentError",
            "KernelUnavailableError", "LibraryError", "ModelNotFoundError", "NonFiniteLogitsError",
-           "TokenizerError"]
+           "SessionBusyError", "TokenizerError"]
 
 
 def __getattr__(name):                          # GPT2 pulls in numpy and the library: load lazily

@@ -8,17 +8,39 @@ Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one
 Exit status: 0 done, 2 a user error (one message on stderr, no traceback), 130 interrupted (Ctrl-C; the
 stats line is still printed).
 """
-from __future__ import annotations
+import sys                                 # (already loaded: nothing to find) -- and no __future__ import,
+                                           # which would be found and loaded before the guard below
+_sigints = []                              # Ctrl-C while the modules load (numpy, the library): no traceback.
+try:                                       # numpy turns one that lands inside its C imports into an
+    import signal                          # ImportError, so the handler also notes that it ran.
 
-import argparse
-import os
-import sys
-import time
+    def _on_sigint(signum, frame):
+        _sigints.append(signum)
+        raise KeyboardInterrupt
 
-from .args import sampling as check_sampling
-from .errors import GPT2AsmError
-from .cpu import FAMILIES
-from .lib import ARCH
+    try:
+        signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:                     # not the main thread (imported, not run): nothing to guard
+        pass
+    import os
+    import argparse
+    import time
+
+    from .args import sampling as check_sampling
+    from .cpu import FAMILIES
+    from .errors import GPT2AsmError
+    from .lib import ARCH
+    if signal.getsignal(signal.SIGINT) is _on_sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+except KeyboardInterrupt:
+    sys.stderr.write("gpt2asm: interrupted\n")
+    sys.exit(130)
+except ImportError as e:
+    if _sigints:
+        sys.stderr.write("gpt2asm: interrupted\n")
+        sys.exit(130)
+    sys.stderr.write(f"gpt2asm: error: cannot import {e.name or 'a module'}: {(str(e).splitlines() or [''])[0]}\n")
+    sys.exit(2)
 
 DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8",      # --dtype -> the stats line's name
                 "q8_0": "q8_0", "q4_0": "q4_0"}
@@ -45,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-n", type=positive_int(0, 1 << 20), default=64, metavar="N",
                     help="tokens to generate (default 64)")
     ap.add_argument("-t", type=float, default=0.8, metavar="T",
-                    help="sampling temperature, 0 = greedy (default 0.8)")
+                    help="sampling temperature, 0 = greedy, as is anything below 1e-4 (default 0.8)")
     ap.add_argument("-s", metavar="ISA", default=None,
                     help=f"kernel family: {' | '.join(f'{i}={n}' for i, n in enumerate(names))} or a name "
                          "(default: best available, or $GPT2ASM_ISA)")
@@ -76,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, default=1.0, metavar="P",
                     help="nucleus sampling: the smallest set with probability ≥ P (1 = off)")
     ap.add_argument("--repetition-penalty", type=float, default=1.0,
-                    metavar="R", help="divide logits of tokens already seen by R (1 = off)")
+                    metavar="R", help="divide logits of tokens already seen by R, 1e-4..100 (1 = off)")
     ap.add_argument("--help", action="help", help="show this help and exit")
     return ap
 
@@ -89,7 +111,29 @@ def weight_dtype(ap: argparse.ArgumentParser, args) -> str | None:
     return "f16" if args.fp16 else args.dtype
 
 
+class _OutputError(Exception):
+    """Standard output cannot take the text (a full disk, a closed or broken descriptor)."""
+
+
+def _write(out, text: str) -> None:
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:     # ENOSPC (/dev/full), EIO, EBADF; ValueError: closed file
+        raise _OutputError(getattr(e, "strerror", None) or str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:              # Ctrl-C before or after the model's own handling (argument parsing)
+        print("gpt2asm: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:                       # python -m gpt2asm serve ...: the server (server.py)
         from .server import main as serve
@@ -105,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     model = None
     load_s = 0.0
     out = sys.stdout
+    if out is None:                                 # started with stdout closed (`>&-`)
+        print("gpt2asm: error: standard output is closed; nowhere to write the text", file=sys.stderr)
+        return 2
     try:
         out.reconfigure(errors="replace")           # never die on a terminal that cannot show a character
     except (AttributeError, ValueError):
@@ -123,23 +170,20 @@ def main(argv: list[str] | None = None) -> int:
         prompt_ids = model.encode(prompt)
         gen = model.generate_ids(prompt_ids, args.n, **sampling, stats=stats)
         if args.ids:
-            print(" ".join(map(str, prompt_ids or [model.tokenizer.eot_id])), file=out, flush=True)
+            _write(out, " ".join(map(str, prompt_ids or [model.tokenizer.eot_id])) + "\n")
             midline = True
             for tok in gen:
-                print(tok, end=" ", file=out, flush=True)
-            print(file=out)
+                _write(out, f"{tok} ")
+            _write(out, "\n")
         else:
             import codecs
             dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            out.write(prompt)
-            out.flush()
+            _write(out, prompt)
             midline = True
             for tok in gen:
-                out.write(dec.decode(model.tokenizer.token_bytes(tok)))
-                out.flush()
-            out.write(dec.decode(b"", final=True) + "\n")
+                _write(out, dec.decode(model.tokenizer.token_bytes(tok)))
+            _write(out, dec.decode(b"", final=True) + "\n")
         midline = False
-        out.flush()
     except KeyboardInterrupt:                         # Ctrl-C: stop cleanly, still say what was done
         status = 130
         if stats:
@@ -149,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:                           # `... | head`: the reader is gone, so are we
         _silence_stdout()
         return 141
+    except _OutputError as e:                         # /dev/full, a closed or failing descriptor
+        status = 2
+        _silence_stdout()                             # the interpreter's last flush must not fail again
+        print(f"gpt2asm: error: cannot write to standard output: {e}", file=sys.stderr)
+        stats.clear()
     except GPT2AsmError as e:
         status = 2
         lines = str(e).splitlines() or [type(e).__name__]

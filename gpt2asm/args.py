@@ -23,6 +23,8 @@ from .errors import InvalidArgumentError
 
 MAX_SEED = (1 << 64) - 1
 MAX_TOP_K = 1 << 20
+MIN_TEMPERATURE = 1e-4          # below this (0 included) sampling is greedy: see tiny_value_rule
+MIN_REPETITION_PENALTY = 1e-4   # below this a repetition penalty is refused
 
 
 def integer(name: str, v, lo: int, hi: int | None = None) -> int:
@@ -63,13 +65,32 @@ def token_ids(ids, vocab: int, empty: bool = True) -> list[int]:
     return out
 
 
+def tiny_value_rule(temperature: float, repetition_penalty: float) -> tuple[float, float]:
+    """THE rule for tiny temperatures and repetition penalties, for every caller (API, CLI, server, Sampler):
+    (temperature, repetition_penalty) as sampling will use them, already range-checked as numbers.
+
+    The sampler divides float32 logits by both; a value near zero (1e-39 is a float32 subnormal, 1e-300
+    rounds to 0.0) sends logits to inf and the softmax to NaN.  So:
+    - temperature in (0, MIN_TEMPERATURE) is greedy, as 0 is (the limit of sampling as T -> 0: the
+      most likely token; ties go to the first, as with 0) -- returned as 0.0;
+    - repetition_penalty in (0, MIN_REPETITION_PENALTY) is an InvalidArgumentError (no limit makes sense).
+    Logits up to 3e34 in magnitude stay finite after either division at the smallest accepted value."""
+    if 0.0 < repetition_penalty < MIN_REPETITION_PENALTY:
+        raise InvalidArgumentError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, 100] "
+                                   f"(1 = off), got {repetition_penalty!r}")
+    return (0.0 if temperature < MIN_TEMPERATURE else temperature), repetition_penalty
+
+
 def sampling(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=None) -> dict:
-    """The sampling arguments, checked: temperature in [0, 100] (0 = greedy), top_k in 0..2^20 (0 = off),
-    top_p in (0, 1], repetition_penalty in (0, 100], seed in 0..2^64-1 (None: a fresh random seed)."""
+    """The sampling arguments, checked: temperature in [0, 100] (0 = greedy, as is anything below
+    MIN_TEMPERATURE), top_k in 0..2^20 (0 = off), top_p in (0, 1], repetition_penalty in
+    [MIN_REPETITION_PENALTY, 100], seed in 0..2^64-1 (None: a fresh random seed); tiny_value_rule."""
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
-    return dict(temperature=number("temperature", temperature, 0.0, 100.0),
+    t, r = tiny_value_rule(number("temperature", temperature, 0.0, 100.0),
+                           number("repetition_penalty", repetition_penalty, 0.0, 100.0, lo_open=True))
+    return dict(temperature=t,
                 top_k=integer("top_k", top_k, 0, MAX_TOP_K),
                 top_p=number("top_p", top_p, 0.0, 1.0, lo_open=True),
-                repetition_penalty=number("repetition_penalty", repetition_penalty, 0.0, 100.0, lo_open=True),
+                repetition_penalty=r,
                 seed=integer("seed", seed, 0, MAX_SEED))

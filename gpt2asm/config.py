@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError
+from .safefs import MAX_JSON, read_text
 
 HEAD_DIM = 64            # the attention kernel is written for head_dim == 64 (true of every GPT-2 size)
 MAX_VOCAB = 1 << 20
@@ -98,12 +99,7 @@ class GPT2Config:
     @classmethod
     def from_json(cls, path) -> "GPT2Config":
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: config file not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: cannot read config: {e}") from None
+        text = read_text(path, MAX_JSON, CheckpointError, "config file")   # regular file, size cap
         try:
             d = json.loads(text)
         except (ValueError, RecursionError) as e:        # JSONDecodeError, huge integers, deep nesting

@@ -24,7 +24,9 @@ import json
 import math
 import os
 import struct
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -32,10 +34,12 @@ import numpy as np
 
 from . import ggufload
 from .args import integer, token_ids
-from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError, TokenizerError
+from .errors import (CheckpointError, ContextOverflowError, InvalidArgumentError, KernelUnavailableError,
+                     SessionBusyError, TokenizerError)
 from .files import find_model_dir, is_random_init
 from .kernels import Kernels
 from .model import Transformer
+from .safefs import os_error_text
 from .sampler import Sampler
 from .tokenizer import Tokenizer
 from .tilecache import load_weights_cached as load_weights   # warm start: tiles mapped from disk
@@ -174,6 +178,10 @@ class GPT2:
             model = Transformer(weights, kernels, kv)
             model.start_resident()        # the matrices packed into one buffer of RAM in the background
             return cls(model, tok, d)
+        except OSError as e:              # a file the system refuses to show (permissions, name too long...)
+            kernels.close()
+            where = f" ({str(e.filename)[:200]})" if e.filename else ""
+            raise CheckpointError(f"cannot read the model files: {os_error_text(e)}{where}") from None
         except BaseException:
             kernels.close()
             raise
@@ -353,19 +361,14 @@ class GPT2:
     # -- identity of the weights (for KV snapshots) -------------------------------------------------
 
     def fingerprint(self) -> str:
-        """A short hash of the configuration, weight dtype and a sample of the weights: KV snapshots are
-        only restored into the model they came from."""
+        """A hash of the configuration, the weight and KV dtypes and every byte of every weight array the
+        model computes with (tilecache.weights_digest): KV snapshots are only restored into the model they
+        came from.  Computed once per model, on first use (a snapshot or a restore), and remembered in the
+        tile cache directory under the checkpoint's cache key, so the next process reads it back."""
         if getattr(self, "_fingerprint", None):
             return self._fingerprint
-        w, c = self.model.w, self.config
-        h = hashlib.sha256(json.dumps([c.n_layer, c.n_embd, c.n_head, c.n_ctx, c.vocab_size, w.dtype,
-                                       self.model.kv]).encode())
-        for a in (w.wte[:4], w.wpe[:4], w.ln_f_g, w.ln_f_b, w.layers[0].ln1_g, w.layers[-1].proj_b):
-            h.update(np.ascontiguousarray(a).tobytes())
-        for a in (getattr(w, "head_s", None), getattr(w.layers[0], "attn_s", None)):   # q8: the quantiser's
-            if a is not None:                                                        # output, too
-                h.update(np.ascontiguousarray(a[:256]).tobytes())
-        self._fingerprint = h.hexdigest()[:32]
+        from .tilecache import weights_digest
+        self._fingerprint = weights_digest(self.model.w, self.model.kv)[:32]
         return self._fingerprint
 
 
@@ -396,6 +399,7 @@ class Session:
         if not isinstance(model, GPT2):
             raise InvalidArgumentError(f"Session needs a GPT2 model, got {type(model).__name__}")
         self.gpt2 = model
+        self._busy = threading.Lock()       # held by the one call (or live generator) using the cache
         self._state = model.model.new_state()
         self.tokens: list[int] = []
         self.reused = 0
@@ -405,9 +409,22 @@ class Session:
     def n(self) -> int:
         return len(self.tokens)
 
+    @contextmanager
+    def _use(self):
+        """One user of the cache at a time: a second (another thread, or a new call while a generator of
+        this session is alive) gets SessionBusyError at once and changes nothing."""
+        if not self._busy.acquire(blocking=False):
+            raise SessionBusyError("this session is busy: another generation on it is running or its generator "
+                                   "is still open (finish or close() it first; one session per conversation)")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
     def reset(self) -> None:
-        self.tokens = []
-        self._state.n = 0
+        with self._use():
+            self.tokens = []
+            self._state.n = 0
 
     def _sync(self) -> None:
         """Make tokens and the cache agree after an interruption (keep what both have)."""
@@ -439,18 +456,19 @@ class Session:
         return self._run(ids, n, sampler, stats)
 
     def _run(self, ids, n, sampler, stats) -> Iterator[int]:
-        if stats is not None:
-            stats.update(prompt=len(ids), generated=0, prefill_s=0.0, decode_s=0.0)
-        try:
-            t0 = time.perf_counter()
-            out = self._prefill(ids)
-            t1 = time.perf_counter()
+        with self._use():                   # from the first token until the generator ends or is closed
             if stats is not None:
-                stats.update(prefill_s=t1 - t0, reused=self.reused)
-            yield from self.gpt2._decode_loop(self._state, out, list(ids), n, sampler, stats, t1,
-                                              fed=self.tokens)
-        finally:
-            self._sync()
+                stats.update(prompt=len(ids), generated=0, prefill_s=0.0, decode_s=0.0)
+            try:
+                t0 = time.perf_counter()
+                out = self._prefill(ids)
+                t1 = time.perf_counter()
+                if stats is not None:
+                    stats.update(prefill_s=t1 - t0, reused=self.reused)
+                yield from self.gpt2._decode_loop(self._state, out, list(ids), n, sampler, stats, t1,
+                                                  fed=self.tokens)
+            finally:
+                self._sync()
 
     def stream(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | str | None = None,
                **sampling) -> Iterator[str]:
@@ -470,17 +488,19 @@ class Session:
             raise InvalidArgumentError("logits() needs at least one token")
         if len(ids) > self.gpt2.config.n_ctx:
             raise ContextOverflowError(len(ids), self.gpt2.config.n_ctx)
-        try:
-            return np.array(self._prefill(ids)[0], dtype=np.float32, copy=True)
-        finally:
-            self._sync()
+        with self._use():
+            try:
+                return np.array(self._prefill(ids)[0], dtype=np.float32, copy=True)
+            finally:
+                self._sync()
 
     # -- snapshots ----------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
         """The cache and its tokens as bytes: magic, header length, JSON header, arrays, SHA-256."""
-        self._sync()
-        snap = self._state.snapshot()
+        with self._use():
+            self._sync()
+            snap, tokens = self._state.snapshot(), list(self.tokens)
         items, blobs, off = [], [], 0
         for x in snap:
             if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
@@ -490,7 +510,7 @@ class Session:
                 items.append({"dtype": a.dtype.str, "shape": list(a.shape), "offset": off, "nbytes": a.nbytes})
                 blobs.append(a.tobytes())
                 off += a.nbytes
-        header = json.dumps({"model": self.gpt2.fingerprint(), "tokens": self.tokens, "items": items},
+        header = json.dumps({"model": self.gpt2.fingerprint(), "tokens": tokens, "items": items},
                             separators=(",", ":")).encode()
         body = _SNAP_HEAD.pack(SNAP_MAGIC, len(header)) + header + b"".join(blobs)
         return body + hashlib.sha256(body).digest()
@@ -499,9 +519,10 @@ class Session:
         """Replace this session's cache by a snapshot's; InvalidArgumentError (nothing changed) if the bytes
         are damaged, of another format, or from another model."""
         snap, tokens = self._parse(data)
-        self._state.restore(snap)
-        self.tokens = tokens
-        self._sync()
+        with self._use():
+            self._state.restore(snap)
+            self.tokens = tokens
+            self._sync()
 
     @classmethod
     def from_bytes(cls, model: GPT2, data: bytes) -> "Session":

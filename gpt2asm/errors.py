@@ -37,6 +37,10 @@ class KernelUnavailableError(GPT2AsmError):
     """The requested kernel family (ISA) is not supported by this CPU/OS."""
 
 
+class SessionBusyError(GPT2AsmError):
+    """A Session is already generating (a live generator of it, or another thread): one user at a time."""
+
+
 class ContextOverflowError(GPT2AsmError):
     """More tokens than the model's context holds."""
 

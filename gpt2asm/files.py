@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from . import hub
-from .errors import InvalidArgumentError, ModelNotFoundError
+from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError
+from .safefs import MAX_JSON, expand_user, os_error_text, read_text
 
 NEEDED = hub.NEEDED
 DEFAULT_NAME = "gpt2"
@@ -24,7 +25,7 @@ def missing(d: Path) -> list[str]:
 
 
 def _local(spec: str, src: str) -> Path:
-    d = Path(spec).expanduser()
+    d = expand_user(spec, src)
     if d.is_file() and d.suffix == ".safetensors":
         d = d.parent
     if d.is_dir() and not missing(d):
@@ -40,7 +41,17 @@ def find_model_dir(model: str | os.PathLike | None = None, *, download: bool = T
 
     model: a directory, a .safetensors file (its directory), or a hub name; None = $GPT2ASM_MODEL (same
     forms), else the current directory if it holds a model, else the hub model 'gpt2' (cached or
-    downloaded unless download=False or offline)."""
+    downloaded unless download=False or offline).  A path the system refuses (too long, not permitted,
+    a loop of links) is a ModelNotFoundError too, never an OSError."""
+    try:
+        return _find_model_dir(model, download, progress)
+    except OSError as e:
+        what = f"{os.fspath(model)[:200]!r}" if isinstance(model, (str, os.PathLike)) else "the model"
+        raise ModelNotFoundError(f"cannot use {what}: {os_error_text(e)}"
+                                 + (f" ({e.filename!s:.200})" if e.filename else "")) from None
+
+
+def _find_model_dir(model, download: bool, progress: bool) -> Path:
     if model is not None:
         if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
             raise InvalidArgumentError(f"model must be a directory, a file or a hub name, got {model!r}")
@@ -54,14 +65,15 @@ def find_model_dir(model: str | os.PathLike | None = None, *, download: bool = T
         looked = [f"  the current directory {cwd} (no --model, no $GPT2ASM_MODEL): "
                   f"missing {', '.join(missing(cwd))}"]
         return hub.resolve(DEFAULT_NAME, download_ok=download, progress=progress, searched=looked)
-    if hub.is_hub_name(spec) and not Path(spec).expanduser().exists():
+    if hub.is_hub_name(spec) and not expand_user(spec, src).exists():
         return hub.resolve(spec, download_ok=download, progress=progress)
     return _local(spec, src)
 
 
 def is_random_init(d: Path) -> bool:
     """True for checkpoints written by tools/make_checkpoint.py (marked in config.json)."""
-    try:
-        return bool(json.loads((d / "config.json").read_text()).get("gpt2asm_random_init"))
-    except (OSError, ValueError, AttributeError, RecursionError):
+    try:                        # a regular file of bounded size only: a FIFO or /dev/zero is no marker
+        return bool(json.loads(read_text(d / "config.json", MAX_JSON, CheckpointError, "config file"))
+                    .get("gpt2asm_random_init"))
+    except (GPT2AsmError, ValueError, AttributeError, RecursionError):
         return False

@@ -11,8 +11,7 @@ config.json, looked for in this order:
    of the pinned revision first, then the one refs/main points to, then any complete one;
 2. gpt2asm's own cache ($GPT2ASM_CACHE, else $XDG_CACHE_HOME/gpt2asm, else ~/.cache/gpt2asm),
    models/<org>--<name>/<revision>/;
-3. a download with huggingface_hub (the optional dependency `pip install huggingface_hub`, imported only
-   here and only when needed) into the Hugging Face cache that transformers shares — or into gpt2asm's
+3. a download with huggingface_hub (a dependency of gpt2asm, imported only here and only when needed) into the Hugging Face cache that transformers shares — or into gpt2asm's
    own cache when that one is not writable. The endpoint is huggingface_hub's own default, overridden
    by $HF_ENDPOINT; $HF_HUB_OFFLINE (or $TRANSFORMERS_OFFLINE) forbids the download.
 
@@ -31,15 +30,18 @@ file {repo_id: {"revision": COMMIT, "files": {name: {"size": N, "sha256": HEX}}}
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DownloadError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError
+from .safefs import MAX_JSON, expand_user, read_text
 
 FILES = ("model.safetensors", "vocab.json", "merges.txt", "config.json")
 NEEDED = ("model.safetensors", "vocab.json", "merges.txt")
@@ -110,12 +112,10 @@ def offline() -> bool:
 
 def hf_cache_dir() -> Path:
     """The Hugging Face hub cache, resolved from the environment now (as huggingface_hub does at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.path.expandvars(os.environ["HF_HUB_CACHE"])).expanduser()
-    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(os.path.expandvars(os.environ["HUGGINGFACE_HUB_CACHE"])).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        if os.environ.get(var):
+            d = expand_user(os.path.expandvars(os.environ[var]), f"${var}")
+            return d / "hub" if var == "HF_HOME" else d
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "huggingface" / "hub"
 
@@ -123,7 +123,7 @@ def hf_cache_dir() -> Path:
 def own_cache_dir() -> Path:
     """gpt2asm's own cache: $GPT2ASM_CACHE, else $XDG_CACHE_HOME/gpt2asm, else ~/.cache/gpt2asm."""
     if os.environ.get("GPT2ASM_CACHE"):
-        return Path(os.environ["GPT2ASM_CACHE"]).expanduser()
+        return expand_user(os.environ["GPT2ASM_CACHE"], "$GPT2ASM_CACHE")
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gpt2asm"
 
@@ -142,11 +142,11 @@ def load_pins(pins: dict | None = None) -> dict[str, Pin]:
     if not path:
         return dict(PINS)
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = json.loads(read_text(path, MAX_JSON, InvalidArgumentError, "pins file"))
         if not isinstance(raw, dict):
             raise ValueError("expected a JSON object")
         return {k: _as_pin(k, v) for k, v in raw.items()}
-    except (OSError, ValueError, RecursionError, TypeError, KeyError) as e:
+    except (GPT2AsmError, ValueError, RecursionError, TypeError, KeyError) as e:
         raise InvalidArgumentError(f"$GPT2ASM_HUB_PINS={path}: cannot use it: {e}") from None
 
 
@@ -192,10 +192,10 @@ def _snapshots(repo_dir: Path, revision: str | None) -> list[Path]:
     if revision:
         order.append(snaps / revision)
     try:
-        main = (repo_dir / "refs" / "main").read_text().strip()
+        main = read_text(repo_dir / "refs" / "main", 4096, ModelNotFoundError, "refs/main").strip()
         if _HEX40.match(main):
             order.append(snaps / main)
-    except (OSError, UnicodeDecodeError):
+    except GPT2AsmError:
         pass
     rest = sorted(all_snaps, key=lambda p: _mtime(p), reverse=True)
     out = []
@@ -215,9 +215,19 @@ def _mtime(p: Path) -> float:
 # ----------------------------------------------------------------------------------------------------
 # verification
 
+def _open_regular(path: Path):
+    """The file opened for reading if it is a regular file (a FIFO is not waited on, a device not read
+    without end), else OSError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return open(fd, "rb")
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -225,10 +235,9 @@ def sha256_file(path: Path) -> str:
 
 def git_blob_sha1(path: Path) -> str:
     """git's object id of a file: SHA-1 over 'blob <size>\\0' + content (the hub's ETag of small files)."""
-    size = path.stat().st_size
-    h = hashlib.sha1()
-    h.update(b"blob %d\0" % size)
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
+        h = hashlib.sha1()
+        h.update(b"blob %d\0" % os.fstat(f.fileno()).st_size)
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -240,10 +249,10 @@ class _Verified:
     def __init__(self):
         self.path = own_cache_dir() / "verified.json"
         try:
-            self.data = json.loads(self.path.read_text(encoding="utf-8"))
+            self.data = json.loads(read_text(self.path, MAX_JSON, ModelNotFoundError, "verified.json"))
             if not isinstance(self.data, dict):
                 self.data = {}
-        except (OSError, ValueError, RecursionError):
+        except (GPT2AsmError, ValueError, RecursionError):
             self.data = {}
 
     @staticmethod
@@ -428,11 +437,12 @@ def _classify(e: BaseException, repo: str, ep: str | None) -> tuple[type, str]:
     cannot be reached or has no such thing, DownloadError when a transfer went wrong."""
     t = _hf_error_types()
     where = ep or "the Hugging Face hub"
-    kinds = [("RepositoryNotFoundError", f"the hub at {where} has no repository {repo} (or it is private)"),
+    # LocalEntryNotFoundError first: newer huggingface_hub derives it from EntryNotFoundError
+    kinds = [("LocalEntryNotFoundError", f"cannot reach the hub at {where} (no network?)"),
+             ("RepositoryNotFoundError", f"the hub at {where} has no repository {repo} (or it is private)"),
              ("RevisionNotFoundError", f"the hub at {where} has no such revision of {repo}"),
              ("EntryNotFoundError", f"the hub at {where} lacks a file of {repo}"),
-             ("OfflineModeIsEnabled", "huggingface_hub is in offline mode (HF_HUB_OFFLINE)"),
-             ("LocalEntryNotFoundError", f"cannot reach the hub at {where} (no network?)")]
+             ("OfflineModeIsEnabled", "huggingface_hub is in offline mode (HF_HUB_OFFLINE)")]
     for type_name, why in kinds:
         if t[type_name] is not None and isinstance(e, t[type_name]):
             return ModelNotFoundError, f"{why}: {_first_line(e)}"
@@ -459,6 +469,35 @@ def _writable(d: Path) -> bool:
         return False
 
 
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+PROBE_TIMEOUT = 3.0
+
+
+def unreachable(ep: str | None, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why a TCP connection to the hub's host cannot be opened, or None if it can (or a proxy is set, so
+    only huggingface_hub can tell).  One quick look before huggingface_hub, which retries a failed
+    connection with back-off for half a minute: offline, "not reachable" comes in a moment."""
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    import socket
+    from urllib.parse import urlsplit
+    if not ep:
+        from huggingface_hub import constants
+        ep = constants.ENDPOINT
+    try:
+        u = urlsplit(ep)
+        host, port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not host:
+        return None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None
+
+
 def download(repo: str, *, pins: dict | None = None, progress: bool = True, endpoint_url: str | None = None,
              cache_dir: str | os.PathLike | None = None, log=None) -> Path:
     """Download the four files of `repo` at one fixed revision; return the verified snapshot directory."""
@@ -467,8 +506,12 @@ def download(repo: str, *, pins: dict | None = None, progress: bool = True, endp
     hf = _hf()
     if hf is None:
         raise ModelNotFoundError(f"cannot download {repo}: the Python package huggingface_hub is not installed "
-                                 "(pip install huggingface_hub, or pip install 'gpt2asm[hub]')")
+                                 "(it is a dependency of gpt2asm: pip install huggingface_hub, or reinstall gpt2asm)")
     ep = endpoint_url or endpoint()
+    why = unreachable(ep)
+    if why:
+        raise ModelNotFoundError(f"cannot download {repo}: cannot reach the hub at {ep or 'the Hugging Face hub'} "
+                                 f"(no network?): {why}")
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .args import sampling
+from .args import sampling, tiny_value_rule  # noqa: F401 (tiny_value_rule: the rule sampling() applies)
 from .errors import NonFiniteLogitsError
 
 MASK64 = (1 << 64) - 1

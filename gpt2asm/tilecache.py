@@ -69,6 +69,7 @@ import json
 import math
 import mmap
 import os
+import re
 import stat
 import struct
 import sys
@@ -83,7 +84,8 @@ from typing import Callable
 import numpy as np
 
 from . import weights as W
-from .errors import GPT2AsmError
+from .errors import CheckpointError, GPT2AsmError
+from .safefs import MAX_JSON, expand_user, read_bytes
 
 MAGIC = b"G2ATILES"
 FORMAT = 1
@@ -209,7 +211,7 @@ def tiled_assemble(ld, dtype: str, arrays: dict, weights_cls=None, layer_cls=Non
         layers.append(layer_cls(**kw))
     tied = "lm_head.weight" not in ld.names
     mapped = not cached_wte and _wte_mappable(ld)
-    wte = ld.tensor("wte.weight", f16_target=tied and dtype == "f16") if mapped else arrays["wte"]
+    wte = W.private_copy(ld.tensor("wte.weight", f16_target=tied and dtype == "f16") if mapped else arrays["wte"])
     stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
     top = {k: v for k, v in arrays.items() if not k.startswith("h.") and k != "wte"}
     return weights_cls(
@@ -277,8 +279,8 @@ def cache_root(cache_dir=None) -> Path | None:
         return Path(cache_dir)
     env = os.environ.get("GPT2ASM_CACHE")
     if env is not None:
-        return None if env.strip().lower() in OFF or not env.strip() else Path(env).expanduser()
-    return Path.home() / ".cache" / "gpt2asm"
+        return None if env.strip().lower() in OFF or not env.strip() else expand_user(env, "$GPT2ASM_CACHE")
+    return expand_user("~", "the home directory (for ~/.cache/gpt2asm)") / ".cache" / "gpt2asm"
 
 
 def cache_file(root: Path, source: Path, dtype: str) -> Path:
@@ -327,7 +329,11 @@ def source_key(file: Path, config_path: Path | None, dtype: str) -> dict:
         sampler.update(os.pread(fd, SAMPLE, max(0, st.st_size - SAMPLE)))
     finally:
         os.close(fd)
-    cfg = hashlib.sha256(Path(config_path).read_bytes()).hexdigest() if config_path else None
+    try:
+        cfg = hashlib.sha256(read_bytes(config_path, MAX_JSON, CheckpointError, "config file")).hexdigest() \
+            if config_path else None
+    except CheckpointError as e:                          # a FIFO, /dev/zero, too large: the cold loader says so
+        raise OSError(errno.EINVAL, str(e)) from None
     return {"path": os.path.realpath(file), **_stat_key(st),
             "header_sha256": hashlib.sha256(head + header).hexdigest(), "samples_sha256": sampler.hexdigest(),
             "config_sha256": cfg, "dtype": dtype, "layout_version": layout.version, "format": FORMAT,
@@ -458,14 +464,44 @@ def _check_table(table: list, expected: dict, extra_dtypes: tuple, data_off: int
 # --------------------------------------------------------------------------------------------------
 # writing
 
-def cleanup_temps(root: Path, pattern: str = ".*.tiles.*.tmp") -> None:
-    """Remove the temp files (`pattern` in root) that interrupted writers left, once they are older than
-    TMP_MAX_AGE (a live writer's file is younger).  Also used for the tokenizer cache's temp files."""
+TEMPS = ".*.tiles.*.tmp"                            # the temp files of cache writers (_write_cache)
+_WRITER_RE = re.compile(r"\.w-(?P<host>[A-Za-z0-9_-]{1,64})-(?P<pid>\d{1,10})\.[^./]+\.tmp$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", os.uname().nodename if hasattr(os, "uname") else "")[:64] or "host"
+
+
+def temp_prefix(path: Path) -> str:
+    """The name prefix of a temp file that will become `path`: it names the writer (host and process id),
+    so that cleanup_temps can tell a dead writer's leftover from a live writer's file."""
+    return f".{path.name}.w-{_host()}-{os.getpid()}."
+
+
+def _writer_gone(name: str) -> bool:
+    """True when the temp file's writer ran on this host and no process with its id exists any more."""
+    m = _WRITER_RE.search(name)
+    if not m or m["host"] != _host() or int(m["pid"]) == os.getpid():
+        return False
+    try:
+        os.kill(int(m["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):                      # EPERM: alive (another user's)
+        return False
+    return False
+
+
+def cleanup_temps(root: Path, pattern: str = TEMPS) -> None:
+    """Remove the temp files (`pattern` in root) that interrupted writers left: at once when their writer
+    (named in the file name, temp_prefix) is gone from this host, else once they are older than
+    TMP_MAX_AGE (a writer on another host, or a file of an older version).  Also used for the tokenizer
+    cache's temp files."""
     now = time.time()
     try:
         for p in root.glob(pattern):
             try:
-                if now - p.stat().st_mtime > TMP_MAX_AGE:
+                if _writer_gone(p.name) or now - p.stat().st_mtime > TMP_MAX_AGE:
                     p.unlink()
             except OSError:
                 pass
@@ -474,24 +510,34 @@ def cleanup_temps(root: Path, pattern: str = ".*.tiles.*.tmp") -> None:
 
 
 def _max_bytes() -> int:
+    """$GPT2ASM_CACHE_MAX_GB in bytes: a number of GiB ≥ 0, 'inf' = no limit; anything else (unset, NaN,
+    negative, not a number) = the default, 8 GiB."""
     try:
-        return int(float(os.environ["GPT2ASM_CACHE_MAX_GB"]) * (1 << 30))
+        gb = float(os.environ["GPT2ASM_CACHE_MAX_GB"])
     except (KeyError, ValueError):
         return MAX_BYTES_DEFAULT
+    if not gb >= 0:                                       # NaN, negative
+        return MAX_BYTES_DEFAULT
+    return int(min(gb * (1 << 30), float(1 << 62)))       # inf and huge values: no limit
 
 
 def _evict(root: Path, keep: Path) -> None:
     """Remove the least recently used cache files (mtime: set when written or used) until the directory
     holds at most $GPT2ASM_CACHE_MAX_GB (default 8); `keep` stays. Readers that mapped a removed file keep
     their mapping."""
-    files = []
+    files, temps = [], 0
     for p in root.glob("*.tiles"):
         try:
             st = p.stat()
         except OSError:
             continue
         files.append((st.st_mtime, st.st_size, p))
-    total = sum(f[1] for f in files)
+    for p in root.glob(TEMPS):                            # live writers' files (the dead ones' are gone:
+        try:                                              # cleanup_temps) count against the limit too
+            temps += p.stat().st_size
+        except OSError:
+            pass
+    total = sum(f[1] for f in files) + temps
     for _, size, p in sorted(files):
         if total <= _max_bytes():
             break
@@ -538,7 +584,7 @@ def _write_cache(path: Path, key: dict, layout: Layout, w: W.Weights) -> None:
     if fs.f_bavail * fs.f_frsize < size + FREE_MARGIN:
         raise OSError(errno.ENOSPC, f"not enough free disk space for {size} bytes")
     cleanup_temps(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path), suffix=".tmp")
     try:
         try:
             os.posix_fallocate(fd, 0, size)               # fail now, not halfway, when the disk is full
@@ -634,6 +680,7 @@ def load_weights_info(path, dtype: str = "f32", cache_dir=None) -> tuple[W.Weigh
         arrays = _open_cache(cpath, key, expected, layout.extra_dtypes, verify)
         w = layout.assemble(ld, dtype, arrays)
         _touch(cpath)
+        w.cache_key = (root, key)                         # the key describes these weights (weights_digest)
         return w, CacheInfo("warm", "", cpath, time.perf_counter() - t0)
     except CacheMiss as e:
         reason = str(e)
@@ -662,7 +709,71 @@ def load_weights_info(path, dtype: str = "f32", cache_dir=None) -> tuple[W.Weigh
             _evict(root, cpath)
     except (OSError, ValueError) as e:
         return w, CacheInfo("cold", f"{reason}; not written: {e}", cpath, time.perf_counter() - t0)
+    w.cache_key = (root, key)
     return w, CacheInfo("built", reason, cpath, time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------------
+# the weights' digest (KV snapshots: engine.GPT2.fingerprint), remembered per cache key
+
+FINGERPRINTS = "fingerprints.json"
+MAX_FINGERPRINTS = 256
+
+
+def _arrays_digest(w, extra) -> str:
+    c = w.config
+    h = hashlib.sha256(_canon([c.n_layer, c.n_embd, c.n_head, c.n_ctx, c.vocab_size, w.dtype, list(extra)])
+                       .encode())
+    named = [(f.name, getattr(w, f.name)) for f in dataclasses.fields(w) if f.name != "layers"]
+    named += [(f"h.{i}.{f.name}", getattr(L, f.name)) for i, L in enumerate(w.layers) for f in dataclasses.fields(L)]
+    for name, a in named:
+        if not isinstance(a, np.ndarray):
+            continue                                      # config, flags, paths; None (no scales, no bias)
+        h.update(_canon([name, a.dtype.str, list(a.shape)]).encode())
+        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        for i in range(0, flat.size, 64 << 20):
+            h.update(flat[i:i + (64 << 20)])
+    return h.hexdigest()
+
+
+def weights_digest(w, *extra) -> str:
+    """SHA-256 of the configuration, the dtype, `extra` and every byte of every array of a Weights (the
+    tiled matrices, scales, vectors, wte, wpe: everything the forward pass reads).  ~0.3 s per GB, so it
+    is remembered in <cache>/fingerprints.json under the checkpoint's cache key when load_weights_info
+    found the key to describe the loaded weights (w.cache_key; a warm or freshly written cache)."""
+    ck = getattr(w, "cache_key", None)
+    if ck is None:
+        return _arrays_digest(w, extra)
+    root, key = ck
+    ident = hashlib.sha256(_canon([key, list(extra)]).encode()).hexdigest()
+    path = Path(root) / FINGERPRINTS
+    try:
+        memo = json.loads(read_bytes(path, MAX_JSON, CheckpointError, FINGERPRINTS))
+        if not isinstance(memo, dict):
+            memo = {}
+    except (GPT2AsmError, ValueError, RecursionError):
+        memo = {}
+    rec = memo.get(ident)
+    if isinstance(rec, list) and len(rec) == 2 and isinstance(rec[0], str) and len(rec[0]) == 64:
+        return rec[0]
+    digest = _arrays_digest(w, extra)
+    memo[ident] = [digest, time.time()]
+    if len(memo) > MAX_FINGERPRINTS:                      # the most recently computed ones stay
+        keep = sorted(memo, key=lambda k: memo[k][1] if isinstance(memo[k], list) and len(memo[k]) == 2
+                      and isinstance(memo[k][1], (int, float)) else 0)[-MAX_FINGERPRINTS:]
+        memo = {k: memo[k] for k in keep}
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{FINGERPRINTS}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(memo, f)
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+    except OSError:
+        pass                                              # read-only cache: computed again next time
+    return digest
 
 
 def load_weights_cached(path, dtype: str = "f32", cache_dir=None) -> W.Weights:

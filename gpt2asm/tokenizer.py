@@ -32,7 +32,7 @@ from pathlib import Path
 
 import regex
 
-from . import tilecache
+from . import safefs, tilecache
 from .errors import InvalidArgumentError, TokenizerError
 
 EOT = "<|endoftext|>"
@@ -64,14 +64,8 @@ _BYTE_MAP = codecs.charmap_build("".join(BYTE_TABLE))      # token chars -> thei
 
 
 def _read_bytes(path: Path, what: str) -> bytes:
-    try:
-        if path.exists() and not path.is_file():     # a directory, FIFO (would block) or device
-            raise TokenizerError(f"{what} {path} is not a regular file")
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise TokenizerError(f"{what} not found: {path}") from None
-    except OSError as e:
-        raise TokenizerError(f"cannot read {what} {path}: {e}") from None
+    """A regular file of at most MAX_TOKENIZER bytes (a directory, FIFO or device is refused unopened)."""
+    return safefs.read_bytes(path, safefs.MAX_TOKENIZER, TokenizerError, what)
 
 
 def _decode_text(raw: bytes, path: Path, what: str) -> str:
@@ -311,7 +305,7 @@ def _write_cache(path: Path, key: dict, tokens: list[str], lines: list[str], blo
     data = _CACHE_PREFIX.pack(CACHE_MAGIC, CACHE_FORMAT, 0, hashlib.sha256(body).digest(), len(head)) + body
     path.parent.mkdir(parents=True, exist_ok=True)
     tilecache.cleanup_temps(path.parent, ".tokenizer-*.tok.*.tmp")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=tilecache.temp_prefix(path), suffix=".tmp")
     try:
         with open(fd, "wb") as f:
             f.write(data)

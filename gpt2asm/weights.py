@@ -325,7 +325,7 @@ class Layer:
 class Weights:
     config: GPT2Config
     dtype: str                      # 'f32', 'f16', 'q8' (int8 + scales), 'q8_0' or 'q4_0' (block records)
-    wte: np.ndarray                 # [V][C] float32 (a read-only view of the mapped file when possible)
+    wte: np.ndarray                 # [V][C] float32, private memory (never a view of a file: see private_copy)
     wpe: np.ndarray                 # [n_ctx][C] float32
     ln_f_g: np.ndarray              # [C]
     ln_f_b: np.ndarray              # [C]
@@ -334,18 +334,18 @@ class Weights:
     n_vocab_padded: int             # V rounded up to a multiple of 64
     layers: list = field(default_factory=list)   # n_layer Layer objects
     tied_head: bool = True          # head_w came from wte (no lm_head.weight in the file)
-    wte_is_mapped: bool = False     # wte is a zero-copy view of the file
+    wte_is_mapped: bool = False     # wte is the checkpoint's own F32 data as stored (the tile cache need not
+                                    # hold it); a read-only private copy since the file can change under us
     path: Path | None = None        # the model.safetensors that was loaded
     source_dtype: str = "F32"       # stored dtype(s) of the weights, e.g. 'F32' or 'F16' or 'F16+F32'
     head_s: np.ndarray | None = None    # dtype 'q8' only: float32 scale per output of head_w, [V_pad]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the engine arrays, q8 scales included (not counting a mapped wte)."""
-        arrays = [self.wpe, self.ln_f_g, self.ln_f_b, self.head_w, self.head_b, self.head_s]
+        """Bytes of the engine arrays, q8 scales and wte included."""
+        arrays = [self.wte, self.wpe, self.ln_f_g, self.ln_f_b, self.head_w, self.head_b, self.head_s]
         arrays += [a for layer in self.layers for a in vars(layer).values()]
-        return (sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
-                + (0 if self.wte_is_mapped else self.wte.nbytes))
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
 
 def _expected_shapes(cfg: GPT2Config) -> dict:
@@ -385,7 +385,7 @@ def _resolve(path) -> tuple[Path, Path | None]:
     else:
         raise ModelNotFoundError(f"{p}: no such model directory or file")
     cfg = f.parent / CONFIG_FILE
-    return f, (cfg if cfg.is_file() else None)
+    return f, (cfg if cfg.exists() else None)      # a FIFO or device here is refused when read, not ignored
 
 
 class _Loader:
@@ -514,6 +514,15 @@ def _aligned_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def private_copy(a: np.ndarray) -> np.ndarray:
+    """A read-only float32 copy of a (e.g. wte) in anonymous memory, 64-byte aligned.  What a running
+    model keeps must not be a view of a file mapping: a file truncated or rewritten in place (a plain
+    `cp new.safetensors model.safetensors`) would turn the next read of a lost page into SIGBUS."""
+    out = _aligned_copy(a)
+    out.flags.writeable = False
+    return out
+
+
 def load_weights(path, dtype: str = "f32") -> Weights:
     """Load model.safetensors (a model directory or the file itself; config.json beside it is used when
     present, otherwise the config is inferred from the shapes) and build the engine's arrays.
@@ -572,8 +581,7 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     else:
         wte = ld.tensor("wte.weight", f16_target=tied and half)
         wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
-        if not wte_is_mapped:
-            wte = _aligned_copy(wte)
+        wte = private_copy(wte)                             # nothing of the mapped file stays in use
         head_w, head_s = head(wte if tied else ld.tensor("lm_head.weight", f16_target=half))
 
     stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
