@@ -168,7 +168,8 @@ function gpt2asm_checked_call, export=1
         msr     fpcr, x11
         b       9f
 
-8:      mov     x9, #(1 << CK_NOTARGET)         // no target: nothing called, returns 0
+8:      movrel  x16, checkasm_state             // no target: nothing called, returns 0
+        mov     x9, #(1 << CK_NOTARGET)
         mov     x0, #0
 9:      ldr     x10, [x16, #ST_STATUS]
         orr     x10, x10, x9
