@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from arm64_qemu import IS_ARM, qemu_config, qemu_cpu, qemu_svl_bits  # noqa: E402
 from gpt2asm.checkasm import open_library  # noqa: E402
+import forked  # noqa: E402
 from forked import WHY, fork_status, run_forked  # noqa: E402
 # the x86 matvec tests' helpers: the exact fma model, references, guarded buffers, the checker
 from test_kernels_matvec import (DTYPES, TILE, Y_FILL, NativeRunner, PageFenced,  # noqa: E402
@@ -106,7 +107,7 @@ def _child_calls(lib, jobs) -> tuple[bool, str]:
                 "SIGSEGV": " (read or wrote outside its buffers)", "SIGBUS": " (misaligned access?)",
                 "SIGTRAP": " (brk: unsupported streaming vector length?)"}.get(sig, "")
         return False, f"killed by {sig}{hint}"
-    return code == 0, WHY.get(code, f"exit {code}")
+    return code == 0, WHY.get(code, f"exit {code}") + (f": {forked.last_error}" if forked.last_error else "")
 
 
 @pytest.fixture(scope="module")
