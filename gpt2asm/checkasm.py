@@ -74,6 +74,7 @@ class CheckedLibrary(ctypes.CDLL):
     def __init__(self, name, *args, **kw):
         super().__init__(name, *args, **kw)
         try:
+            # extern uint64_t gpt2asm_checked_state[];   [0] target, [1] flags, [2] status (then private)
             self._state = (ctypes.c_uint64 * 3).in_dll(self, "gpt2asm_checked_state")
         except ValueError:
             raise OSError(f"{name} has no gpt2asm_checked_state: rebuild it (make build), or unset {ENV}") from None
@@ -130,7 +131,9 @@ class CheckedFunction:
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_fn", fn)
         object.__setattr__(self, "_addr", ctypes.cast(fn, ctypes.c_void_p).value)
-        tramp = lib.raw("gpt2asm_checked_call")              # this function's own prototype of it
+        # <fn's prototype> gpt2asm_checked_call(<fn's arguments>);   calls state[0] (this function's own
+        # ctypes object: argtypes and restype are fn's)
+        tramp = lib.raw("gpt2asm_checked_call")
         tramp.restype = fn.restype
         object.__setattr__(self, "_tramp", tramp)
 
