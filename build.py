@@ -145,6 +145,15 @@ COMMON_SYMBOLS = {
 # bound by tools/ (bench)
 TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2", "gpt2asm_fmapeak_f32_avx2"),
                 "aarch64": ("gpt2asm_readbw_f32_neon", "gpt2asm_fmapeak_f32_neon")}
+# test symbols: the clobber check's trampoline and state (gpt2asm/checkasm.py) and its self-tests
+# (tests/test_checkasm.py); asm/<arch>/checkasm_*.S.  Required by the export check, not in bound_symbols().
+TEST_SYMBOLS = {
+    "x86_64": ("gpt2asm_checked_call", "gpt2asm_checked_state", "gpt2asm_checkasm_args", "gpt2asm_checkasm_clobber",
+               "gpt2asm_checkasm_clobber_rsp", "gpt2asm_checkasm_clobber_df", "gpt2asm_checkasm_clobber_mxcsr",
+               "gpt2asm_checkasm_clobber_vzeroupper"),
+    "aarch64": ("gpt2asm_checked_call", "gpt2asm_checked_state", "gpt2asm_checkasm_args", "gpt2asm_checkasm_clobber",
+                "gpt2asm_checkasm_clobber_sp", "gpt2asm_checkasm_clobber_fpcr", "gpt2asm_checkasm_clobber_sm"),
+}
 
 
 def kernel_symbol(op: str, family: str) -> str:
@@ -199,7 +208,8 @@ def check_exports(lib: Path, arch: str, strict: bool = False) -> list[str]:
     """Problems with lib's exports ([] if none): a missing common symbol, an incomplete family (every
     family with strict=True, else only those the library has at least one symbol of)."""
     have = exported_symbols(lib)
-    problems = [f"{s} is not exported" for s in COMMON_SYMBOLS[arch] + TOOL_SYMBOLS[arch] if s not in have]
+    problems = [f"{s} is not exported" for s in COMMON_SYMBOLS[arch] + TOOL_SYMBOLS[arch] + TEST_SYMBOLS[arch]
+                if s not in have]
     for fam in FAMILY_OPS[arch]:
         want = bound_symbols(arch, fam)[len(COMMON_SYMBOLS[arch]) + len(TOOL_SYMBOLS[arch]):]
         want += [f"gpt2asm_{op}_{fam}" for op in EXTRA_OPS[arch].get(fam, ())]
@@ -221,7 +231,7 @@ def report_exports(lib: Path, arch: str, strict: bool = False) -> bool:
     fams = [f"{fam} {sum(s in have for s in syms)}/{len(syms)}"
             for fam, syms in ((f, [f"gpt2asm_{op}_{f}" for op in o + EXTRA_OPS[arch].get(f, ())]
                                + variant_symbols(arch, f)) for f, o in FAMILY_OPS[arch].items())]
-    print(f"exports of {lib.name} ({arch}): common {len(COMMON_SYMBOLS[arch])} ok"
+    print(f"exports of {lib.name} ({arch}): common {len(COMMON_SYMBOLS[arch])}, test {len(TEST_SYMBOLS[arch])} ok"
           if not problems else f"exports of {lib.name} ({arch}): PROBLEMS", end="", file=sys.stderr)
     print(f"; families: {', '.join(fams)}", file=sys.stderr)
     for p in problems:
@@ -330,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = a.out if a.out is not None else default_out(a.target)
     arch = target_arch(a.target)
     if a.list_symbols:
-        print("\n".join(bound_symbols(arch)))
+        print("\n".join(bound_symbols(arch) + list(TEST_SYMBOLS[arch])))
         return 0
     if a.check:
         ok = up_to_date(out_dir)

@@ -17,6 +17,7 @@ import sys
 from ctypes import c_char_p
 from pathlib import Path
 
+from .checkasm import open_library
 from .errors import LibraryError
 
 PKG_DIR = Path(__file__).resolve().parent
@@ -60,7 +61,7 @@ def load_library() -> ctypes.CDLL:
     if not path.exists():
         raise LibraryError(f"the assembly library {path} is missing: {how}")
     try:
-        lib = ctypes.CDLL(str(path))
+        lib = open_library(path)          # ctypes.CDLL, or checked by the test harness ($GPT2ASM_CHECKASM)
     except OSError as e:
         raise LibraryError(f"cannot load {path}: {e}; {how}") from None
     # const char *gpt2asm_build_id(void);

@@ -17,6 +17,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# The clobber check (gpt2asm/checkasm.py, docs/kernels.md gpt2asm_checked_call): every call into the library
+# that a test makes -- the kernel tests' own bindings and gpt2asm.kernels' -- goes through the checkasm
+# trampoline and fails with ClobberError if it broke a callee-saved register, the stack pointer or the FP
+# control state.  On for the whole session (before any test module loads the library); GPT2ASM_CHECKASM=0
+# turns it off.
+os.environ.setdefault("GPT2ASM_CHECKASM", "1")
+
 
 def pytest_sessionstart(session):
     """Build the library once if it is missing or stale, before any test imports it.  Tile caches of the

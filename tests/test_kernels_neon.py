@@ -44,8 +44,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(ROOT))
 
 from arm64_qemu import IS_ARM, first_config  # noqa: E402
+from gpt2asm.checkasm import open_library  # noqa: E402
 from forked import run_forked  # noqa: E402
 import test_kernels_matvec as mv  # noqa: E402   (matvec models, harness and test functions)
 import test_kernels_ops as ops  # noqa: E402     (elementwise / attention models, harness, test functions)
@@ -93,7 +95,7 @@ _LIB: list = []
 @pytest.fixture(scope="module")
 def lib() -> ctypes.CDLL:
     if not _LIB:
-        _LIB.append(bind(ctypes.CDLL(str(LIB_PATH)), "neon"))
+        _LIB.append(bind(open_library(LIB_PATH), "neon"))      # checked when $GPT2ASM_CHECKASM
     return _LIB[0]
 
 

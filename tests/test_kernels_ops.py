@@ -44,7 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # GPT2ASM_TEST_LIB=path tests a library built elsewhere (nothing is built then)
 LIB_PATH = Path(os.environ.get("GPT2ASM_TEST_LIB") or ROOT / "gpt2asm" / "libgpt2asm.so")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(ROOT))                                       # gpt2asm (run as a script)
 
+from gpt2asm.checkasm import open_library  # noqa: E402
 from forked import run_forked  # noqa: E402
 
 ISAS = ("avx2", "avx512")
@@ -88,7 +90,7 @@ def load_lib(build: bool = True) -> ctypes.CDLL:
     if _LIB is None:
         if build and not os.environ.get("GPT2ASM_TEST_LIB"):
             subprocess.run([sys.executable, "build.py", "-q"], cwd=ROOT, check=True)
-        lib = ctypes.CDLL(str(LIB_PATH))
+        lib = open_library(LIB_PATH)          # checked when $GPT2ASM_CHECKASM (conftest.py)
         lib.gpt2asm_cpuid.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
         lib.gpt2asm_cpuid.restype = None
         lib.gpt2asm_xgetbv.argtypes = [ctypes.c_uint32]

@@ -43,6 +43,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 from arm64_qemu import IS_ARM, qemu_config, qemu_cpu, qemu_svl_bits  # noqa: E402
+from gpt2asm.checkasm import open_library  # noqa: E402
+import forked  # noqa: E402
 from forked import WHY, fork_status, run_forked  # noqa: E402
 # the x86 matvec tests' helpers: the exact fma model, references, guarded buffers, the checker
 from test_kernels_matvec import (DTYPES, TILE, Y_FILL, NativeRunner, PageFenced,  # noqa: E402
@@ -69,7 +71,7 @@ def _load() -> ctypes.CDLL:
     """The aarch64 library: $GPT2ASM_TEST_LIB, or the package's (gpt2asm.kernels.load_library)."""
     if "lib" not in _STATE:
         if os.environ.get("GPT2ASM_TEST_LIB"):
-            lib = ctypes.CDLL(os.environ["GPT2ASM_TEST_LIB"])
+            lib = open_library(os.environ["GPT2ASM_TEST_LIB"])     # checked when $GPT2ASM_CHECKASM
         else:
             from gpt2asm.lib import load_library
             lib = load_library()
@@ -105,7 +107,7 @@ def _child_calls(lib, jobs) -> tuple[bool, str]:
                 "SIGSEGV": " (read or wrote outside its buffers)", "SIGBUS": " (misaligned access?)",
                 "SIGTRAP": " (brk: unsupported streaming vector length?)"}.get(sig, "")
         return False, f"killed by {sig}{hint}"
-    return code == 0, WHY.get(code, f"exit {code}")
+    return code == 0, WHY.get(code, f"exit {code}") + (f": {forked.last_error}" if forked.last_error else "")
 
 
 @pytest.fixture(scope="module")
