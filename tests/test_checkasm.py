@@ -15,7 +15,9 @@ import pytest
 
 from gpt2asm import checkasm
 from gpt2asm.checkasm import ARCH, CheckedFunction, CheckedLibrary, ClobberError
-from gpt2asm.kernels import LIB_NAME, PKG_DIR, Kernels, available_families
+from gpt2asm.cpu import available_families
+from gpt2asm.kernels import Kernels
+from gpt2asm.lib import LIB_NAME, PKG_DIR
 from gpt2asm.weights import aligned_zeros
 
 if ARCH not in ("x86_64", "aarch64"):
@@ -41,7 +43,7 @@ def test_the_switch_routes_the_harness_through_the_trampoline():
     and so is every function Kernels binds (the plan executor's entries too), but not the worker entry."""
     if not checkasm.enabled():
         pytest.skip("GPT2ASM_CHECKASM=0")
-    from gpt2asm.kernels import load_library
+    from gpt2asm.lib import load_library
     lib = load_library()
     assert isinstance(lib, CheckedLibrary)
     k = Kernels()

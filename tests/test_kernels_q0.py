@@ -654,10 +654,11 @@ def test_instruction_sets():
 
 
 # --------------------------------------------------------------------------------------------------
-# the Python bindings (gpt2asm.kernels.Q0Kernels): variant choice and argument checks
+# the Python bindings (gpt2asm.q0kernels.Q0Kernels): variant choice and argument checks
 
 def test_bindings_variants_and_checks(monkeypatch):
-    from gpt2asm import kernels as K
+    from gpt2asm import q0kernels as K
+    from gpt2asm.validate import aligned_bytes
     from gpt2asm.errors import InvalidArgumentError
     lib = load_lib()
     have = native_isas(lib)
@@ -674,7 +675,7 @@ def test_bindings_variants_and_checks(monkeypatch):
             assert np.array_equal(xq, eq) and same_bits(xd, ed).all()
             for kind in KINDS:
                 q, dw = make_weights(rng, kind, n_out, n_in)
-                w = K._aligned_zeros(q0ref.tile(q, dw, kind).size)
+                w = aligned_bytes(q0ref.tile(q, dw, kind).size)
                 w[:] = q0ref.tile(q, dw, kind)
                 b = rng.standard_normal(128).astype(np.float32)
                 y = k.matvec(kind, w, xq, xd, b)

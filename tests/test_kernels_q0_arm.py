@@ -498,7 +498,8 @@ def test_probe_q0_isa(monkeypatch):
 
 @pytest.mark.parametrize("cap", ["neon", None])
 def test_wrappers(lib, cap):
-    from gpt2asm.kernels import ArmQ0, _aligned_zeros
+    from gpt2asm.q0kernels import ArmQ0
+    from gpt2asm.validate import aligned_bytes as _aligned_zeros
     k = ArmQ0(cap=cap)
     if cap == "neon":
         assert set(k.isa.values()) == {"neon"}
@@ -522,7 +523,8 @@ def test_wrappers(lib, cap):
 
 def test_wrappers_refuse(lib):
     from gpt2asm.errors import InvalidArgumentError
-    from gpt2asm.kernels import ArmQ0, _aligned_zeros
+    from gpt2asm.q0kernels import ArmQ0
+    from gpt2asm.validate import aligned_bytes as _aligned_zeros
     k = ArmQ0()
     w = _aligned_zeros(2 * 2176)
     xq, xd = np.zeros(64, np.int8), np.zeros(2, F32)

@@ -208,7 +208,8 @@ def test_matmul_page_guards(lib):
 
 def test_wrappers(lib):
     """gpt2asm.kernels.ArmQ0(family="sme2") binds the sme2 kernels: the bits of the neon ones."""
-    from gpt2asm.kernels import ArmQ0, _aligned_zeros
+    from gpt2asm.q0kernels import ArmQ0
+    from gpt2asm.validate import aligned_bytes as _aligned_zeros
     k, n = ArmQ0(family="sme2"), ArmQ0(cap="neon")
     assert k.isa["matvec"] == k.isa["matmul"] == "sme2"
     rng = np.random.default_rng(5)
