@@ -143,8 +143,9 @@ def _main(argv: list[str] | None) -> int:
     dtype = weight_dtype(ap, args)
     try:                                            # the API's own check, before anything is loaded
         sampling = check_sampling(args.t, args.top_k, args.top_p, args.repetition_penalty, args.seed)
-    except GPT2AsmError as e:
-        ap.error(str(e))
+    except GPT2AsmError as e:                       # one line, as every other user error
+        print(f"gpt2asm: error: {e}", file=sys.stderr)
+        return 2
     stats: dict = {}
     model = None
     load_s = 0.0

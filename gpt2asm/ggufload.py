@@ -53,6 +53,7 @@ import numpy as np
 
 from . import quant0
 from .config import GPT2Config
+from .safefs import expand_user
 from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError, TokenizerError
 from .weights import (F16_OVERFLOW, MATRIX_DTYPES, Q0_DTYPES, TILE, Layer, Weights, _aligned_copy, pad_vector,
                       tile_head, tile_matrix)
@@ -70,8 +71,8 @@ _LN_EPS = 1e-5
 def is_gguf(path) -> bool:
     """True for a path named *.gguf or a regular file that starts with the GGUF magic."""
     try:
-        p = Path(path).expanduser()
-    except TypeError:
+        p = expand_user(path, "model")
+    except (TypeError, InvalidArgumentError):       # not a path, or ~nouser: not a GGUF (the caller reports it)
         return False
     if p.suffix.lower() == ".gguf":
         return True
@@ -110,7 +111,7 @@ class GGUFModel:
     """A validated GPT-2 GGUF: .config (GPT2Config), .types {name: GGUF type name}, tensor access."""
 
     def __init__(self, path):
-        self.path = p = Path(path).expanduser()
+        self.path = p = expand_user(path, "GGUF file")
         try:
             st = p.stat()
         except FileNotFoundError:
@@ -415,7 +416,7 @@ def resolve(spec) -> Path | None:
         spec = os.environ.get("GPT2ASM_MODEL", "").strip() or None
     if spec is None or not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
         return None
-    return Path(spec).expanduser() if is_gguf(spec) else None
+    return expand_user(spec, "model") if is_gguf(spec) else None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -597,7 +598,7 @@ def load_gguf(path, dtype: str | None = None, cache_dir=None):
     import time
     from . import tilecache as tc
     t0 = time.perf_counter()
-    p = Path(path).expanduser()
+    p = expand_user(path, "GGUF file")
     if dtype is not None and (not isinstance(dtype, str) or dtype not in MATRIX_DTYPES):
         raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
     root = tc.cache_root(cache_dir)
