@@ -1,4 +1,4 @@
-"""llama.cpp's Q8_0 / Q4_0 weights for the integer kernels (docs/kernels-q0.md; numpy model tests/q0ref.py).
+"""llama.cpp's Q8_0 / Q4_0 weights for the integer kernels (docs/kernels.md "q8_0 / q4_0"; numpy model tests/q0ref.py).
 
 Weight quantizers: exactly ggml's reference quantizers (quantize_row_q8_0_ref / quantize_row_q4_0_ref; the
 same ints and fp16 scales as the `gguf` package's gguf.quants and as a GGUF Q8_0 / Q4_0 written by

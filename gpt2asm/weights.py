@@ -16,7 +16,7 @@ Engine layout (see tile_matrix): every matrix multiply  y[out] = x[in] @ W[in][o
 so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32, float16
 (dtype='f16') or int8 with one float32 scale per output (dtype='q8', gpt2asm.quant: Layer.*_s and
 Weights.head_s), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
-dtypes 'q8_0' / 'q4_0' (gpt2asm.quant0, docs/kernels-q0.md) hold llama.cpp's blocks of 32 inputs instead:
+dtypes 'q8_0' / 'q4_0' (gpt2asm.quant0, docs/kernels.md "q8_0 / q4_0") hold llama.cpp's blocks of 32 inputs instead:
 each matrix is uint8 [ceil(out/64)][in/32][RECORD] records of 64 outputs x 32 inputs with their fp16
 scales; the head (and the embedding) is q8_0 for both, and wte is the dequantized q8_0 embedding.
 """

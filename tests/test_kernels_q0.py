@@ -1,4 +1,4 @@
-"""checkasm-style tests (and a benchmark) for the q8_0 / q4_0 integer kernels (docs/kernels-q0.md).
+"""checkasm-style tests (and a benchmark) for the q8_0 / q4_0 integer kernels (docs/kernels.md "q8_0 / q4_0").
 
     gpt2asm_quantize_q8_0_{avx2,avx512}
     gpt2asm_matvec_q8_0_{avx2,avxvnni,avx512,avx512vnni}, gpt2asm_matvec_q4_0_{...}

@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/matmul_q0_avx2.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX2 and AVX-VNNI (ymm).
  *
- * docs/kernels-q0.md; the blocking and the activation panel are matmul_q0.h's.  Register block: 6 tokens
+ * docs/kernels.md "q8_0 / q4_0"; the blocking and the activation panel are matmul_q0.h's.  Register block: 6 tokens
  * x 8 outputs (one ymm): the 6 int32 block sums in ymm0-5, the 6 fp32 sums in ymm6-11.  Per record and
  * sub-tile, each group's 32 weight bytes are loaded and made into the dot operand once (ymm12; q4_0:
  * low / high nibbles in ymm12 / ymm13), then for each token its 4 quantized inputs are broadcast
@@ -197,7 +197,7 @@ endconst
  *                               const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
  *                               size_t tile_begin, size_t tile_end);
  *   for every token t < n_tokens and output o of tiles tile_begin .. tile_end-1: y[t*ldy + o] = the
- *   matvec's y[o] on xq + t*ldq, xd + t*ldd (docs/kernels-q0.md).  xq in -127..127 (sign trick).
+ *   matvec's y[o] on xq + t*ldq, xd + t*ldd (docs/kernels.md "q8_0 / q4_0").  xq in -127..127 (sign trick).
  */
         .macro  mq_blk mt
         q8_avx2_blk \mt

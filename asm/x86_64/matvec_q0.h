@@ -6,7 +6,7 @@
  *     \blk        one record (64 outputs x 32 inputs: the int32 sums, then acc = fma((float)s, t, acc))
  *     q0_store    y = acc + b (or acc when b is NULL) for the tile's 64 outputs, from rcx / r8
  *
- * The block correction (docs/kernels-q0.md, "x86-64"): kernels whose dot instruction needs an unsigned
+ * The block correction (docs/kernels.md "q8_0 / q4_0", "x86-64"): kernels whose dot instruction needs an unsigned
  * operand and that feed it a biased one (q4_0's nibbles u = w + 8; VNNI q8_0's w ^ 0x80 = w + 128) get
  * sum_i u_i * xq_i = s + c * sum_i xq_i with c = 8 or 128; the driver stores -c * sum(xq of block b)
  * (exact int32) for every block once per call in an aligned stack table, and the block macro starts

@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/matvec_q0_avx2.S -- q8_0 / q4_0 decode (matrix-vector) kernels, AVX2 and AVX-VNNI (ymm).
  *
- * docs/kernels-q0.md (layouts, the per-output sequence; numpy model tests/q0ref.py, matvec).  The weights
+ * docs/kernels.md "q8_0 / q4_0" (layouts, the per-output sequence; numpy model tests/q0ref.py, matvec).  The weights
  * stream once, record after record (tile t, block b: 64 fp16 scales, then the ints); the activations
  * come quantized (xq int8, xd fp32 per block of 32).  The 64 fp32 sums of a tile live in ymm8-15 for
  * the whole stream.  Each record is taken in two halves of 32 outputs (the record's bytes

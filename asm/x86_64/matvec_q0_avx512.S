@@ -2,7 +2,7 @@
  * asm/x86_64/matvec_q0_avx512.S -- q8_0 / q4_0 decode (matrix-vector) kernels, AVX-512 BW and
  * AVX-512 VNNI (zmm).
  *
- * The sequence of matvec_q0_avx2.S (docs/kernels-q0.md; numpy model tests/q0ref.py, matvec), a whole
+ * The sequence of matvec_q0_avx2.S (docs/kernels.md "q8_0 / q4_0"; numpy model tests/q0ref.py, matvec), a whole
  * record per pass: the tile's 64 fp32 sums in zmm0-3, the record's 64 int32 block sums in zmm4-7 (one
  * 64-byte line of a group = 16 outputs x 4 inputs = one zmm), so a record streams front to back.  Per
  * group g, X = xq[32b+4g .. +3] broadcast as a dword:

@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/quant_avx2.S -- the run-time activation quantizer of the q8_0 / q4_0 kernels, AVX2.
  *
- * docs/kernels-q0.md, "Activations" (numpy model: tests/q0ref.py, quantize_act).  One block of 32
+ * docs/kernels.md "q8_0 / q4_0", "Activations" (numpy model: tests/q0ref.py, quantize_act).  One block of 32
  * inputs per iteration, scalar decisions per block:
  *     amax = max of (bits(x_i) & 0x7fffffff) as int32    vpand + vpmaxsd, then a 128/64/32-bit tree
  *     d    = amax / 127.0f                               vdivss (one correctly rounded division)

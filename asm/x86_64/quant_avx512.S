@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/quant_avx512.S -- the run-time activation quantizer of the q8_0 / q4_0 kernels, AVX-512F.
  *
- * The sequence of quant_avx2.S (docs/kernels-q0.md, "Activations"), two zmm per block of 32 inputs:
+ * The sequence of quant_avx2.S (docs/kernels.md "q8_0 / q4_0", "Activations"), two zmm per block of 32 inputs:
  *     amax = max of (bits(x_i) & 0x7fffffff) as int32    vpandd + vpmaxsd, then a 256/128/64/32-bit tree
  *     d    = amax / 127.0f (vdivss);  xd[b] = d
  *     d not normal or not finite -> xq = 0;  else id = 1.0f / d (vdivss), q_i = vcvtps2dq(x_i * id)
