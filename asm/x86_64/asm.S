@@ -14,6 +14,14 @@
  *   movrel REG, NAME     loads the address of a constant block, RIP-relative (position independent).
  *   vzero R, RS...       zeroes ymmR, ymmRS... (+0.0: one vxorps each; register numbers).
  *   push_callee          pushes the callee-saved rbx, rbp, r12-r15 (48 bytes); pop_callee pops them.
+ *   vmemop OP, BASE, OFF, STEP, W, R, RS...
+ *                        OP OFF+k*STEP(BASE), %W<R_k>, %W<R_k> for the k-th listed register (k = 0, 1, ...):
+ *                        one elementwise op of consecutive vectors in memory into registers, in list order;
+ *                        e.g. `vmemop vaddps, %rcx, 0, 32, ymm, 0,1,2,3,4,5,6,7` is y = acc + b of a tile.
+ *   vmemop3 OP, SRC, BASE, OFF, STEP, W, R, RS...
+ *                        OP OFF+k*STEP(BASE), SRC, %W<R_k> (e.g. vfmadd231ps: acc_k = fma(w_k, x, acc_k)).
+ *   vstore BASE, OFF, STEP, W, R, RS...
+ *                        vmovups %W<R_k>, OFF+k*STEP(BASE).
  *
  * Symbols are named gpt2asm_<op>_<dtype>_<isa>; docs/kernels.md documents each one.
  */
@@ -102,6 +110,27 @@ L_\name:
         vxorps  %ymm\r, %ymm\r, %ymm\r
         .ifnb \rs
         vzero   \rs
+        .endif
+        .endm
+
+        .macro  vmemop op, base, off, step, w, r, rs:vararg
+        \op     \off(\base), %\w\r, %\w\r
+        .ifnb \rs
+        vmemop  \op, \base, \off+\step, \step, \w, \rs
+        .endif
+        .endm
+
+        .macro  vmemop3 op, src, base, off, step, w, r, rs:vararg
+        \op     \off(\base), \src, %\w\r
+        .ifnb \rs
+        vmemop3 \op, \src, \base, \off+\step, \step, \w, \rs
+        .endif
+        .endm
+
+        .macro  vstore base, off, step, w, r, rs:vararg
+        vmovups %\w\r, \off(\base)
+        .ifnb \rs
+        vstore  \base, \off+\step, \step, \w, \rs
         .endif
         .endm
 

@@ -59,23 +59,9 @@ endconst
         .macro  q0_store
         testq   %rcx, %rcx
         jz      1f
-        vaddps    0(%rcx), %ymm8, %ymm8         // y = acc + b
-        vaddps   32(%rcx), %ymm9, %ymm9
-        vaddps   64(%rcx), %ymm10, %ymm10
-        vaddps   96(%rcx), %ymm11, %ymm11
-        vaddps  128(%rcx), %ymm12, %ymm12
-        vaddps  160(%rcx), %ymm13, %ymm13
-        vaddps  192(%rcx), %ymm14, %ymm14
-        vaddps  224(%rcx), %ymm15, %ymm15
+        vmemop  vaddps, %rcx, 0, 32, ymm, 8,9,10,11,12,13,14,15  // y = acc + b
 1:
-        vmovups %ymm8,    0(%r8)
-        vmovups %ymm9,   32(%r8)
-        vmovups %ymm10,  64(%r8)
-        vmovups %ymm11,  96(%r8)
-        vmovups %ymm12, 128(%r8)
-        vmovups %ymm13, 160(%r8)
-        vmovups %ymm14, 192(%r8)
-        vmovups %ymm15, 224(%r8)
+        vstore  %r8, 0, 32, ymm, 8,9,10,11,12,13,14,15
         .endm
 
 #include "matvec_q0.h"

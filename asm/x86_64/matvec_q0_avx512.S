@@ -47,15 +47,9 @@ endconst
         .macro  q0_store
         testq   %rcx, %rcx
         jz      1f
-        vaddps    0(%rcx), %zmm0, %zmm0         // y = acc + b
-        vaddps   64(%rcx), %zmm1, %zmm1
-        vaddps  128(%rcx), %zmm2, %zmm2
-        vaddps  192(%rcx), %zmm3, %zmm3
+        vmemop  vaddps, %rcx, 0, 64, zmm, 0,1,2,3  // y = acc + b
 1:
-        vmovups %zmm0,   0(%r8)
-        vmovups %zmm1,  64(%r8)
-        vmovups %zmm2, 128(%r8)
-        vmovups %zmm3, 192(%r8)
+        vstore  %r8, 0, 64, zmm, 0,1,2,3
         .endm
 
 #include "matvec_q0.h"

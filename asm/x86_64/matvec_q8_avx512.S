@@ -105,40 +105,22 @@
 
         /* p = acc * scale; y = p + b (or p) for \nt tiles; advance scale, b, y past them */
         .macro  store_acc nt
-        vmulps    0(%rsi), %zmm0, %zmm0
-        vmulps   64(%rsi), %zmm1, %zmm1
-        vmulps  128(%rsi), %zmm2, %zmm2
-        vmulps  192(%rsi), %zmm3, %zmm3
+        vmemop  vmulps, %rsi, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vmulps  256(%rsi), %zmm4, %zmm4
-        vmulps  320(%rsi), %zmm5, %zmm5
-        vmulps  384(%rsi), %zmm6, %zmm6
-        vmulps  448(%rsi), %zmm7, %zmm7
+        vmemop  vmulps, %rsi, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %rsi
         testq   %rcx, %rcx
         jz      8f
-        vaddps    0(%rcx), %zmm0, %zmm0
-        vaddps   64(%rcx), %zmm1, %zmm1
-        vaddps  128(%rcx), %zmm2, %zmm2
-        vaddps  192(%rcx), %zmm3, %zmm3
+        vmemop  vaddps, %rcx, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vaddps  256(%rcx), %zmm4, %zmm4
-        vaddps  320(%rcx), %zmm5, %zmm5
-        vaddps  384(%rcx), %zmm6, %zmm6
-        vaddps  448(%rcx), %zmm7, %zmm7
+        vmemop  vaddps, %rcx, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %rcx
 8:
-        vmovups %zmm0,    0(%r8)
-        vmovups %zmm1,   64(%r8)
-        vmovups %zmm2,  128(%r8)
-        vmovups %zmm3,  192(%r8)
+        vstore  %r8, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vmovups %zmm4,  256(%r8)
-        vmovups %zmm5,  320(%r8)
-        vmovups %zmm6,  384(%r8)
-        vmovups %zmm7,  448(%r8)
+        vstore  %r8, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %r8
         .endm
