@@ -125,12 +125,7 @@ function gpt2asm_argmax_f32_avx2
         vmaxps      %ymm1, %ymm0, %ymm11            // the maximum (no NaN left: any order)
         vmaxps      %ymm3, %ymm2, %ymm12
         vmaxps      %ymm12, %ymm11, %ymm11
-        vextractf128 $1, %ymm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0x4e, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0xb1, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
+        vhfold  vmaxps, 11, 12, ext=vextractf128, shuf=vpermilps
         vbroadcastss %xmm11, %ymm11                 // m
         vpcmpeqd    %ymm13, %ymm13, %ymm13          // UINT32_MAX
         vcmpps      $0, %ymm11, %ymm0, %ymm15       // lanes holding m (-0.0 == +0.0)
@@ -144,12 +139,7 @@ function gpt2asm_argmax_f32_avx2
         vpminud     %ymm1, %ymm0, %ymm0             // the smallest index
         vpminud     %ymm3, %ymm2, %ymm2
         vpminud     %ymm2, %ymm0, %ymm0
-        vextracti128 $1, %ymm0, %xmm1
-        vpminud     %xmm1, %xmm0, %xmm0
-        vpshufd     $0x4e, %xmm0, %xmm1
-        vpminud     %xmm1, %xmm0, %xmm0
-        vpshufd     $0xb1, %xmm0, %xmm1
-        vpminud     %xmm1, %xmm0, %xmm0
+        vhfold  vpminud, 0, 1
         vmovd       %xmm0, %eax                     // zero-extended into rax
         vzeroupper
         ret

@@ -120,12 +120,7 @@ function gpt2asm_argmax_f32_avx512
         vmaxps      %zmm12, %zmm11, %zmm11
         vextractf64x4 $1, %zmm11, %ymm12
         vmaxps      %ymm12, %ymm11, %ymm11
-        vextractf128 $1, %ymm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0x4e, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0xb1, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
+        vhfold  vmaxps, 11, 12, ext=vextractf128, shuf=vpermilps
         vbroadcastss %xmm11, %zmm11                 // m
         vpternlogd  $0xff, %zmm12, %zmm12, %zmm12   // UINT32_MAX
         vcmpps      $0, %zmm11, %zmm0, %k1          // lanes holding m (-0.0 == +0.0)
@@ -138,12 +133,7 @@ function gpt2asm_argmax_f32_avx512
         vpminud     %zmm7, %zmm12, %zmm12{%k4}
         vextracti64x4 $1, %zmm12, %ymm13
         vpminud     %ymm13, %ymm12, %ymm12
-        vextracti128 $1, %ymm12, %xmm13
-        vpminud     %xmm13, %xmm12, %xmm12
-        vpshufd     $0x4e, %xmm12, %xmm13
-        vpminud     %xmm13, %xmm12, %xmm12
-        vpshufd     $0xb1, %xmm12, %xmm13
-        vpminud     %xmm13, %xmm12, %xmm12
+        vhfold  vpminud, 12, 13
         vmovd       %xmm12, %eax                    // zero-extended into rax
         vzeroupper
         ret

@@ -22,6 +22,10 @@
  *                        OP OFF+k*STEP(BASE), SRC, %W<R_k> (e.g. vfmadd231ps: acc_k = fma(w_k, x, acc_k)).
  *   vstore BASE, OFF, STEP, W, R, RS...
  *                        vmovups %W<R_k>, OFF+k*STEP(BASE).
+ *   vhfold OP, A, T[, EXT, SHUF, QW]
+ *                        OP (exact in any order: integer add / min / max, vmaxps without NaN) across ymmA's 8 dwords into xmmA's
+ *                        lanes through xmmT: EXT (vextracti128) $1 + OP, SHUF (vpshufd) $0x4e + OP, then
+ *                        SHUF $0xb1 + OP unless QW=1 (qword elements: two steps).
  *
  * Symbols are named gpt2asm_<op>_<dtype>_<isa>; docs/kernels.md documents each one.
  */
@@ -131,6 +135,17 @@ L_\name:
         vmovups %\w\r, \off(\base)
         .ifnb \rs
         vstore  \base, \off+\step, \step, \w, \rs
+        .endif
+        .endm
+
+        .macro  vhfold op, a, t, ext=vextracti128, shuf=vpshufd, qw=0
+        \ext    $1, %ymm\a, %xmm\t
+        \op     %xmm\t, %xmm\a, %xmm\a
+        \shuf   $0x4e, %xmm\a, %xmm\t
+        \op     %xmm\t, %xmm\a, %xmm\a
+        .if \qw == 0
+        \shuf   $0xb1, %xmm\a, %xmm\t
+        \op     %xmm\t, %xmm\a, %xmm\a
         .endif
         .endm
 

@@ -214,10 +214,7 @@
         movl    %eax, (%rsi)
         vpxor   %ymm1, %ymm2, %ymm2             // xq + 128
         vpsadbw %ymm0, %ymm2, %ymm2
-        vextracti128 $1, %ymm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
-        vpshufd $0x4e, %xmm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
+        vhfold  vpaddq, 2, 3, qw=1
         vmovd   %xmm2, %eax                     // sum(xq) + 4096
         negl    %eax
         addl    $4096, %eax

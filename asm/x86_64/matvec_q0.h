@@ -58,10 +58,7 @@
         jae     3f
         vpxor   (%rax), %ymm1, %ymm2            // xq + 128 (unsigned)
         vpsadbw %ymm0, %ymm2, %ymm2             // 4 qwords: sums of 8
-        vextracti128 $1, %ymm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
-        vpshufd $0x4e, %xmm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
+        vhfold  vpaddq, 2, 3, qw=1
         vmovd   %xmm2, %r12d                    // sum(xq) + 4096
         negl    %r12d
         addl    $4096, %r12d                    // -sum(xq)

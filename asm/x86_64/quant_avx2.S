@@ -50,12 +50,7 @@ function gpt2asm_quantize_q8_0_avx2
         vpmaxsd %ymm5, %ymm4, %ymm4
         vpmaxsd %ymm7, %ymm6, %ymm6
         vpmaxsd %ymm6, %ymm4, %ymm4
-        vextracti128 $1, %ymm4, %xmm5
-        vpmaxsd %xmm5, %xmm4, %xmm4
-        vpshufd $0x4e, %xmm4, %xmm5
-        vpmaxsd %xmm5, %xmm4, %xmm4
-        vpshufd $0xb1, %xmm4, %xmm5
-        vpmaxsd %xmm5, %xmm4, %xmm4                     // amax (as a float: NaN > inf > finite)
+        vhfold  vpmaxsd, 4, 5                           // amax (as a float: NaN > inf > finite)
         vdivss  %xmm13, %xmm4, %xmm5                    // d = amax / 127
         vmovss  %xmm5, (%rdx)
         vmovd   %xmm5, %r8d

@@ -35,12 +35,7 @@ function gpt2asm_quantize_q8_0_avx512
         vpmaxsd %zmm3, %zmm2, %zmm2
         vextracti64x4 $1, %zmm2, %ymm3
         vpmaxsd %ymm3, %ymm2, %ymm2
-        vextracti128 $1, %ymm2, %xmm3
-        vpmaxsd %xmm3, %xmm2, %xmm2
-        vpshufd $0x4e, %xmm2, %xmm3
-        vpmaxsd %xmm3, %xmm2, %xmm2
-        vpshufd $0xb1, %xmm2, %xmm3
-        vpmaxsd %xmm3, %xmm2, %xmm2                     // amax
+        vhfold  vpmaxsd, 2, 3                           // amax
         vdivss  4(%rax), %xmm2, %xmm3                   // d = amax / 127
         vmovss  %xmm3, (%rdx)
         vmovd   %xmm3, %r8d
