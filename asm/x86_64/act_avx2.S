@@ -18,11 +18,7 @@ function gpt2asm_expf_f32_avx2
         movrel      %r11, math_avx2
         vmovaps     KV_MIN(%r11), %ymm14
         vmovaps     KV_MAX(%r11), %ymm15
-        movq        %rdx, %r8
-        andq        $-16, %r8                       // n16
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rdx, %r8, 16, 2f                   // n16, i = 0
 1:
         vmovups       (%rdi,%rax,4), %ymm0
         vmovups     32(%rdi,%rax,4), %ymm1
@@ -77,11 +73,7 @@ function gpt2asm_gelu_f32_avx2
         movrel      %r11, math_avx2
         vmovaps     KV_MIN(%r11), %ymm14
         vmovaps     KV_MAX(%r11), %ymm15
-        movq        %rdx, %r8
-        andq        $-16, %r8                       // n16
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rdx, %r8, 16, 2f                   // n16, i = 0
 1:
         vmovups       (%rdi,%rax,4), %ymm0
         vmovups     32(%rdi,%rax,4), %ymm6

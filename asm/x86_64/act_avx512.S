@@ -16,11 +16,7 @@ function gpt2asm_expf_f32_avx512
         movrel      %r11, math_avx512
         vbroadcastss KZ_MIN(%r11), %zmm14
         vbroadcastss KZ_MAX(%r11), %zmm15
-        movq        %rdx, %r8
-        andq        $-32, %r8                       // n32
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rdx, %r8, 32, 2f                   // n32, i = 0
 1:
         vmovups       (%rdi,%rax,4), %zmm0
         vmovups     64(%rdi,%rax,4), %zmm1
@@ -79,11 +75,7 @@ function gpt2asm_gelu_f32_avx512
         movrel      %r11, math_avx512
         vbroadcastss KZ_MIN(%r11), %zmm14
         vbroadcastss KZ_MAX(%r11), %zmm15
-        movq        %rdx, %r8
-        andq        $-32, %r8                       // n32
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rdx, %r8, 32, 2f                   // n32, i = 0
 1:
         vmovups       (%rdi,%rax,4), %zmm0
         vmovups     64(%rdi,%rax,4), %zmm6

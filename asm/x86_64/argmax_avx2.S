@@ -66,11 +66,7 @@ function gpt2asm_argmax_f32_avx2
         vpxor       %ymm8, %ymm8, %ymm8
         vpxor       %ymm10, %ymm10, %ymm10
         vpbroadcastd KA_32(%r11), %ymm9
-        movq        %rsi, %r8
-        andq        $-32, %r8                       // n32
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rsi, %r8, 32, 2f                   // n32, i = 0
 1:
         vmovups       (%rdi,%rax,4), %ymm11
         vmovups     32(%rdi,%rax,4), %ymm12

@@ -59,11 +59,7 @@ function gpt2asm_argmax_f32_avx512
         vpxord      %zmm8, %zmm8, %zmm8
         vpxord      %zmm10, %zmm10, %zmm10
         vpbroadcastd KB_64(%r11), %zmm9
-        movq        %rsi, %r8
-        andq        $-64, %r8                       // n64
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rsi, %r8, 64, 2f                   // n64, i = 0
 1:
         vmovups        (%rdi,%rax,4), %zmm11
         vmovups      64(%rdi,%rax,4), %zmm12

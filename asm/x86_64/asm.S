@@ -22,6 +22,9 @@
  *                        OP OFF+k*STEP(BASE), SRC, %W<R_k> (e.g. vfmadd231ps: acc_k = fma(w_k, x, acc_k)).
  *   vstore BASE, OFF, STEP, W, R, RS...
  *                        vmovups %W<R_k>, OFF+k*STEP(BASE).
+ *   whole_loop N, CNT, STEP, SKIP
+ *                        entry of a loop over whole blocks: CNT = N rounded down to a multiple of STEP (a
+ *                        power of two), rax (the index) = 0, and a jump to SKIP when there is no block.
  *   vhfold OP, A, T[, EXT, SHUF, QW]
  *                        OP (exact in any order: integer add / min / max, vmaxps without NaN) across ymmA's 8 dwords into xmmA's
  *                        lanes through xmmT: EXT (vextracti128) $1 + OP, SHUF (vpshufd) $0x4e + OP, then
@@ -136,6 +139,14 @@ L_\name:
         .ifnb \rs
         vstore  \base, \off+\step, \step, \w, \rs
         .endif
+        .endm
+
+        .macro  whole_loop n, cnt, step, skip
+        movq    \n, \cnt
+        andq    $-\step, \cnt
+        xorl    %eax, %eax
+        testq   \cnt, \cnt
+        jz      \skip
         .endm
 
         .macro  vhfold op, a, t, ext=vextracti128, shuf=vpshufd, qw=0

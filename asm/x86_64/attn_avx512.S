@@ -113,11 +113,7 @@ function gpt2asm_attention_f32_avx512
         leaq        (%rdx,%rax), %rbp               // v_h
 
         /* scores, 16 positions per step; position p goes to zmm (p%4)*4 + p/4 */
-        movq        %r9, %r10
-        andq        $-16, %r10                      // n16
-        xorl        %eax, %eax                      // t
-        testq       %r10, %r10
-        jz          3f
+        whole_loop  %r9, %r10, 16, 3f                   // n16, t = 0
 2:
         dotpos_avx512  0, %r15,  0*256
         dotpos_avx512  4, %r15,  1*256
