@@ -22,6 +22,9 @@
  *                        OP OFF+k*STEP(BASE), SRC, %W<R_k> (e.g. vfmadd231ps: acc_k = fma(w_k, x, acc_k)).
  *   vstore BASE, OFF, STEP, W, R, RS...
  *                        vmovups %W<R_k>, OFF+k*STEP(BASE).
+ *   vcvtfma4 W, BASE, OFF, STEP, XB, A0, A1, A2, A3
+ *                        four binary16 vectors at OFF + k*STEP(BASE) widened exactly (vcvtph2ps into W12-W15),
+ *                        then acc_k = fma(widened_k, XB, acc_k) into W<A0>..W<A3> (the fp16 weight rows).
  *   whole_loop N, CNT, STEP, SKIP
  *                        entry of a loop over whole blocks: CNT = N rounded down to a multiple of STEP (a
  *                        power of two), rax (the index) = 0, and a jump to SKIP when there is no block.
@@ -139,6 +142,17 @@ L_\name:
         .ifnb \rs
         vstore  \base, \off+\step, \step, \w, \rs
         .endif
+        .endm
+
+        .macro  vcvtfma4 w, base, off, step, xb, a0, a1, a2, a3
+        vcvtph2ps   \off(\base), %\w\()12
+        vcvtph2ps   \off+\step(\base), %\w\()13
+        vcvtph2ps   \off+2*\step(\base), %\w\()14
+        vcvtph2ps   \off+3*\step(\base), %\w\()15
+        vfmadd231ps %\w\()12, \xb, %\w\a0
+        vfmadd231ps %\w\()13, \xb, %\w\a1
+        vfmadd231ps %\w\()14, \xb, %\w\a2
+        vfmadd231ps %\w\()15, \xb, %\w\a3
         .endm
 
         .macro  whole_loop n, cnt, step, skip

@@ -86,22 +86,8 @@
         prefetcht0 MATVEC_PF_DIST+\off(%rdi)
         prefetcht0 MATVEC_PF_DIST+\off+64(%rdi)
 #endif
-        vcvtph2ps   \off+0(%rdi),   %ymm12
-        vcvtph2ps   \off+16(%rdi),  %ymm13
-        vcvtph2ps   \off+32(%rdi),  %ymm14
-        vcvtph2ps   \off+48(%rdi),  %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm0
-        vfmadd231ps %ymm13, \xb, %ymm1
-        vfmadd231ps %ymm14, \xb, %ymm2
-        vfmadd231ps %ymm15, \xb, %ymm3
-        vcvtph2ps   \off+64(%rdi),  %ymm12
-        vcvtph2ps   \off+80(%rdi),  %ymm13
-        vcvtph2ps   \off+96(%rdi),  %ymm14
-        vcvtph2ps   \off+112(%rdi), %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm4
-        vfmadd231ps %ymm13, \xb, %ymm5
-        vfmadd231ps %ymm14, \xb, %ymm6
-        vfmadd231ps %ymm15, \xb, %ymm7
+        vcvtfma4    ymm, %rdi, \off+0, 16, \xb, 0, 1, 2, 3
+        vcvtfma4    ymm, %rdi, \off+64, 16, \xb, 4, 5, 6, 7
         .endm
 
         /* the whole kernel body for one weight type: \row is row_f32 or row_f16, \rs the row size in

@@ -89,23 +89,9 @@
 
         /* one fp16 row (128 bytes per tile): widen 16 halves at a time exactly, then the same FMAs */
         .macro  row_f16 off, xb, nt
-        vcvtph2ps   \off+0(%rdi),         %zmm12
-        vcvtph2ps   \off+32(%rdi),        %zmm13
-        vcvtph2ps   \off+64(%rdi),        %zmm14
-        vcvtph2ps   \off+96(%rdi),        %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm0
-        vfmadd231ps %zmm13, \xb, %zmm1
-        vfmadd231ps %zmm14, \xb, %zmm2
-        vfmadd231ps %zmm15, \xb, %zmm3
+        vcvtfma4    zmm, %rdi, \off+0, 32, \xb, 0, 1, 2, 3
         .if \nt == 2
-        vcvtph2ps   \off+0(%rax),         %zmm12
-        vcvtph2ps   \off+32(%rax),        %zmm13
-        vcvtph2ps   \off+64(%rax),        %zmm14
-        vcvtph2ps   \off+96(%rax),        %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm4
-        vfmadd231ps %zmm13, \xb, %zmm5
-        vfmadd231ps %zmm14, \xb, %zmm6
-        vfmadd231ps %zmm15, \xb, %zmm7
+        vcvtfma4    zmm, %rax, \off+0, 32, \xb, 4, 5, 6, 7
         .endif
         .endm
 
