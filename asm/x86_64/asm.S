@@ -22,9 +22,10 @@
  *                        OP OFF+k*STEP(BASE), SRC, %W<R_k> (e.g. vfmadd231ps: acc_k = fma(w_k, x, acc_k)).
  *   vstore BASE, OFF, STEP, W, R, RS...
  *                        vmovups %W<R_k>, OFF+k*STEP(BASE).
- *   vcvtfma4 W, BASE, OFF, STEP, XB, A0, A1, A2, A3
- *                        four binary16 vectors at OFF + k*STEP(BASE) widened exactly (vcvtph2ps into W12-W15),
- *                        then acc_k = fma(widened_k, XB, acc_k) into W<A0>..W<A3> (the fp16 weight rows).
+ *   vwidenfma4 T, W, BASE, OFF, STEP, XB, A0, A1, A2, A3
+ *                        four weight vectors of type T at OFF + k*STEP(BASE) widened exactly to float into
+ *                        W12-W15 (T = f16: vcvtph2ps; T = i8: vpmovsxbd, vcvtdq2ps), then
+ *                        acc_k = fma(widened_k, XB, acc_k) into W<A0>..W<A3> (one weight row of a tile).
  *   whole_loop N, CNT, STEP, SKIP
  *                        entry of a loop over whole blocks: CNT = N rounded down to a multiple of STEP (a
  *                        power of two), rax (the index) = 0, and a jump to SKIP when there is no block.
@@ -144,11 +145,22 @@ L_\name:
         .endif
         .endm
 
-        .macro  vcvtfma4 w, base, off, step, xb, a0, a1, a2, a3
+        .macro  vwidenfma4 t, w, base, off, step, xb, a0, a1, a2, a3
+        .ifc \t, i8
+        vpmovsxbd   \off(\base), %\w\()12
+        vpmovsxbd   \off+\step(\base), %\w\()13
+        vpmovsxbd   \off+2*\step(\base), %\w\()14
+        vpmovsxbd   \off+3*\step(\base), %\w\()15
+        vcvtdq2ps   %\w\()12, %\w\()12
+        vcvtdq2ps   %\w\()13, %\w\()13
+        vcvtdq2ps   %\w\()14, %\w\()14
+        vcvtdq2ps   %\w\()15, %\w\()15
+        .else
         vcvtph2ps   \off(\base), %\w\()12
         vcvtph2ps   \off+\step(\base), %\w\()13
         vcvtph2ps   \off+2*\step(\base), %\w\()14
         vcvtph2ps   \off+3*\step(\base), %\w\()15
+        .endif
         vfmadd231ps %\w\()12, \xb, %\w\a0
         vfmadd231ps %\w\()13, \xb, %\w\a1
         vfmadd231ps %\w\()14, \xb, %\w\a2

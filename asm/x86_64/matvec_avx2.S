@@ -86,8 +86,8 @@
         prefetcht0 MATVEC_PF_DIST+\off(%rdi)
         prefetcht0 MATVEC_PF_DIST+\off+64(%rdi)
 #endif
-        vcvtfma4    ymm, %rdi, \off+0, 16, \xb, 0, 1, 2, 3
-        vcvtfma4    ymm, %rdi, \off+64, 16, \xb, 4, 5, 6, 7
+        vwidenfma4  f16, ymm, %rdi, \off+0, 16, \xb, 0, 1, 2, 3
+        vwidenfma4  f16, ymm, %rdi, \off+64, 16, \xb, 4, 5, 6, 7
         .endm
 
         /* the whole kernel body for one weight type: \row is row_f32 or row_f16, \rs the row size in

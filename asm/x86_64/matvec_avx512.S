@@ -89,9 +89,9 @@
 
         /* one fp16 row (128 bytes per tile): widen 16 halves at a time exactly, then the same FMAs */
         .macro  row_f16 off, xb, nt
-        vcvtfma4    zmm, %rdi, \off+0, 32, \xb, 0, 1, 2, 3
+        vwidenfma4  f16, zmm, %rdi, \off+0, 32, \xb, 0, 1, 2, 3
         .if \nt == 2
-        vcvtfma4    zmm, %rax, \off+0, 32, \xb, 4, 5, 6, 7
+        vwidenfma4  f16, zmm, %rax, \off+0, 32, \xb, 4, 5, 6, 7
         .endif
         .endm
 

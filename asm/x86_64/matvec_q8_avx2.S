@@ -40,30 +40,8 @@
 #if Q8_PF_DIST
         prefetcht0 Q8_PF_DIST+\off(%rdi)
 #endif
-        vpmovsxbd   \off+0(%rdi),  %ymm12
-        vpmovsxbd   \off+8(%rdi),  %ymm13
-        vpmovsxbd   \off+16(%rdi), %ymm14
-        vpmovsxbd   \off+24(%rdi), %ymm15
-        vcvtdq2ps   %ymm12, %ymm12
-        vcvtdq2ps   %ymm13, %ymm13
-        vcvtdq2ps   %ymm14, %ymm14
-        vcvtdq2ps   %ymm15, %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm0
-        vfmadd231ps %ymm13, \xb, %ymm1
-        vfmadd231ps %ymm14, \xb, %ymm2
-        vfmadd231ps %ymm15, \xb, %ymm3
-        vpmovsxbd   \off+32(%rdi), %ymm12
-        vpmovsxbd   \off+40(%rdi), %ymm13
-        vpmovsxbd   \off+48(%rdi), %ymm14
-        vpmovsxbd   \off+56(%rdi), %ymm15
-        vcvtdq2ps   %ymm12, %ymm12
-        vcvtdq2ps   %ymm13, %ymm13
-        vcvtdq2ps   %ymm14, %ymm14
-        vcvtdq2ps   %ymm15, %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm4
-        vfmadd231ps %ymm13, \xb, %ymm5
-        vfmadd231ps %ymm14, \xb, %ymm6
-        vfmadd231ps %ymm15, \xb, %ymm7
+        vwidenfma4  i8, ymm, %rdi, \off+0, 8, \xb, 0, 1, 2, 3
+        vwidenfma4  i8, ymm, %rdi, \off+32, 8, \xb, 4, 5, 6, 7
         .endm
 
 /*

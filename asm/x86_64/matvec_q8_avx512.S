@@ -25,31 +25,9 @@
 
         /* one int8 row of \nt tiles (64 bytes each, tile t at \off(%rdi), tile t+1 at \off(%rax)) */
         .macro  row_q8 off, xb, nt
-        vpmovsxbd   \off+0(%rdi),  %zmm12
-        vpmovsxbd   \off+16(%rdi), %zmm13
-        vpmovsxbd   \off+32(%rdi), %zmm14
-        vpmovsxbd   \off+48(%rdi), %zmm15
-        vcvtdq2ps   %zmm12, %zmm12
-        vcvtdq2ps   %zmm13, %zmm13
-        vcvtdq2ps   %zmm14, %zmm14
-        vcvtdq2ps   %zmm15, %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm0
-        vfmadd231ps %zmm13, \xb, %zmm1
-        vfmadd231ps %zmm14, \xb, %zmm2
-        vfmadd231ps %zmm15, \xb, %zmm3
+        vwidenfma4  i8, zmm, %rdi, \off+0, 16, \xb, 0, 1, 2, 3
         .if \nt == 2
-        vpmovsxbd   \off+0(%rax),  %zmm12
-        vpmovsxbd   \off+16(%rax), %zmm13
-        vpmovsxbd   \off+32(%rax), %zmm14
-        vpmovsxbd   \off+48(%rax), %zmm15
-        vcvtdq2ps   %zmm12, %zmm12
-        vcvtdq2ps   %zmm13, %zmm13
-        vcvtdq2ps   %zmm14, %zmm14
-        vcvtdq2ps   %zmm15, %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm4
-        vfmadd231ps %zmm13, \xb, %zmm5
-        vfmadd231ps %zmm14, \xb, %zmm6
-        vfmadd231ps %zmm15, \xb, %zmm7
+        vwidenfma4  i8, zmm, %rax, \off+0, 16, \xb, 4, 5, 6, 7
         .endif
         .endm
 
