@@ -22,6 +22,9 @@
  *                        OP OFF+k*STEP(BASE), SRC, %W<R_k> (e.g. vfmadd231ps: acc_k = fma(w_k, x, acc_k)).
  *   vstore BASE, OFF, STEP, W, R, RS...
  *                        vmovups %W<R_k>, OFF+k*STEP(BASE).
+ *   each_off MAC, OFF, STEP, ARG, R, RS...
+ *                        `MAC OFF+k*STEP, R_k[, ARG]` for the k-th listed register (ARG may be empty): one
+ *                        step macro over consecutive vectors of a record, e.g. the 4 int sums of a group.
  *   vwidenfma4 T, W, BASE, OFF, STEP, XB, A0, A1, A2, A3
  *                        four weight vectors of type T at OFF + k*STEP(BASE) widened exactly to float into
  *                        W12-W15 (T = f16: vcvtph2ps; T = i8: vpmovsxbd, vcvtdq2ps), then
@@ -142,6 +145,17 @@ L_\name:
         vmovups %\w\r, \off(\base)
         .ifnb \rs
         vstore  \base, \off+\step, \step, \w, \rs
+        .endif
+        .endm
+
+        .macro  each_off mac, off, step, a, r, rs:vararg
+        .ifb \a
+        \mac    \off, \r
+        .else
+        \mac    \off, \r, \a
+        .endif
+        .ifnb \rs
+        each_off \mac, \off+\step, \step, \a, \rs
         .endif
         .endm
 

@@ -105,10 +105,7 @@ endconst
         .macro  q8s_half h
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %ymm0
-        q8s_vec 128+256*\g+128*\h, 4, \g
-        q8s_vec 128+256*\g+128*\h+32, 5, \g
-        q8s_vec 128+256*\g+128*\h+64, 6, \g
-        q8s_vec 128+256*\g+128*\h+96, 7, \g
+        each_off q8s_vec, 128+256*\g+128*\h, 32, \g, 4, 5, 6, 7
         .endr
         flt_half \h
         .endm
@@ -136,10 +133,7 @@ endconst
         init_corr
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %ymm0
-        q8v_vec 128+256*\g+128*\h, 4
-        q8v_vec 128+256*\g+128*\h+32, 5
-        q8v_vec 128+256*\g+128*\h+64, 6
-        q8v_vec 128+256*\g+128*\h+96, 7
+        each_off q8v_vec, 128+256*\g+128*\h, 32, , 4, 5, 6, 7
         .endr
         flt_half \h
         .endm
@@ -175,10 +169,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %ymm0
         vpbroadcastd 4*\g+16(%rax), %ymm1
-        q4m_vec 128+256*\g+128*\h, 4, \g
-        q4m_vec 128+256*\g+128*\h+32, 5, \g
-        q4m_vec 128+256*\g+128*\h+64, 6, \g
-        q4m_vec 128+256*\g+128*\h+96, 7, \g
+        each_off q4m_vec, 128+256*\g+128*\h, 32, \g, 4, 5, 6, 7
         .endr
         vpbroadcastd (%rsp,%r11,4), %ymm0       // -8 * sum(xq of the block)
         .irp    i, 4, 5, 6, 7
@@ -204,10 +195,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %ymm0
         vpbroadcastd 4*\g+16(%rax), %ymm1
-        q4v_vec 128+256*\g+128*\h, 4
-        q4v_vec 128+256*\g+128*\h+32, 5
-        q4v_vec 128+256*\g+128*\h+64, 6
-        q4v_vec 128+256*\g+128*\h+96, 7
+        each_off q4v_vec, 128+256*\g+128*\h, 32, , 4, 5, 6, 7
         .endr
         flt_half \h
         .endm

@@ -98,10 +98,7 @@ endconst
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %zmm8
         vpsubb  %zmm8, %zmm13, %zmm9            // -X (xq != -128)
-        q8s_vec 128+256*\g, 4, \g
-        q8s_vec 128+256*\g+64, 5, \g
-        q8s_vec 128+256*\g+128, 6, \g
-        q8s_vec 128+256*\g+192, 7, \g
+        each_off q8s_vec, 128+256*\g, 64, \g, 4, 5, 6, 7
         .endr
         flt_rec
         .endm
@@ -116,10 +113,7 @@ endconst
         init_corr
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %zmm8
-        q8v_vec 128+256*\g, 4
-        q8v_vec 128+256*\g+64, 5
-        q8v_vec 128+256*\g+128, 6
-        q8v_vec 128+256*\g+192, 7
+        each_off q8v_vec, 128+256*\g, 64, , 4, 5, 6, 7
         .endr
         flt_rec
         .endm
@@ -148,10 +142,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %zmm8
         vpbroadcastd 4*\g+16(%rax), %zmm9
-        q4m_vec 128+256*\g, 4, \g
-        q4m_vec 128+256*\g+64, 5, \g
-        q4m_vec 128+256*\g+128, 6, \g
-        q4m_vec 128+256*\g+192, 7, \g
+        each_off q4m_vec, 128+256*\g, 64, \g, 4, 5, 6, 7
         .endr
         vpbroadcastd Q0_ONES(%rbx), %zmm12
         .irp    i, 4, 5, 6, 7
@@ -172,10 +163,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %zmm8
         vpbroadcastd 4*\g+16(%rax), %zmm9
-        q4v_vec 128+256*\g, 4
-        q4v_vec 128+256*\g+64, 5
-        q4v_vec 128+256*\g+128, 6
-        q4v_vec 128+256*\g+192, 7
+        each_off q4v_vec, 128+256*\g, 64, , 4, 5, 6, 7
         .endr
         flt_rec
         .endm
