@@ -59,12 +59,7 @@ function gpt2asm_argmax_f32_avx2
         vmovaps     %ymm0, %ymm1
         vmovaps     %ymm0, %ymm2
         vmovaps     %ymm0, %ymm3
-        vpxor       %ymm4, %ymm4, %ymm4
-        vpxor       %ymm5, %ymm5, %ymm5
-        vpxor       %ymm6, %ymm6, %ymm6
-        vpxor       %ymm7, %ymm7, %ymm7
-        vpxor       %ymm8, %ymm8, %ymm8
-        vpxor       %ymm10, %ymm10, %ymm10
+        vclear  vpxor, ymm, 4, 5, 6, 7, 8, 10
         vpbroadcastd KA_32(%r11), %ymm9
         whole_loop  %rsi, %r8, 32, 2f                   // n32, i = 0
 1:

@@ -52,12 +52,7 @@ function gpt2asm_argmax_f32_avx512
         vmovaps     %zmm0, %zmm1
         vmovaps     %zmm0, %zmm2
         vmovaps     %zmm0, %zmm3
-        vpxord      %zmm4, %zmm4, %zmm4
-        vpxord      %zmm5, %zmm5, %zmm5
-        vpxord      %zmm6, %zmm6, %zmm6
-        vpxord      %zmm7, %zmm7, %zmm7
-        vpxord      %zmm8, %zmm8, %zmm8
-        vpxord      %zmm10, %zmm10, %zmm10
+        vclear  vpxord, zmm, 4, 5, 6, 7, 8, 10
         vpbroadcastd KB_64(%r11), %zmm9
         whole_loop  %rsi, %r8, 64, 2f                   // n64, i = 0
 1:

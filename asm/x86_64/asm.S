@@ -13,6 +13,8 @@
  *   endconst             closes it.
  *   movrel REG, NAME     loads the address of a constant block, RIP-relative (position independent).
  *   vzero R, RS...       zeroes ymmR, ymmRS... (+0.0: one vxorps each; register numbers).
+ *   vclear OP, W, R, RS...  OP %W<R>, %W<R>, %W<R> for each listed register: zeroes them with the xor OP
+ *                        (vpxor, vpxord, vxorps: the encoding the code had).
  *   push_callee          pushes the callee-saved rbx, rbp, r12-r15 (48 bytes); pop_callee pops them.
  *   vmemop OP, BASE, OFF, STEP, W, R, RS...
  *                        OP OFF+k*STEP(BASE), %W<R_k>, %W<R_k> for the k-th listed register (k = 0, 1, ...):
@@ -124,6 +126,13 @@ L_\name:
         vxorps  %ymm\r, %ymm\r, %ymm\r
         .ifnb \rs
         vzero   \rs
+        .endif
+        .endm
+
+        .macro  vclear op, w, r, rs:vararg
+        \op     %\w\r, %\w\r, %\w\r
+        .ifnb \rs
+        vclear  \op, \w, \rs
         .endif
         .endm
 

@@ -169,10 +169,7 @@ function gpt2asm_attention_f32_avx512
         softmax_avx512 %r8, %r8, %r9, %r11, %rax, %r10, %rbx
 
         /* o = sum_t p_t v_t */
-        vpxord      %zmm0, %zmm0, %zmm0
-        vpxord      %zmm1, %zmm1, %zmm1
-        vpxord      %zmm2, %zmm2, %zmm2
-        vpxord      %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3
         movq        %rbp, %rax                      // v_h[t]
         xorl        %r10d, %r10d                    // t
         movq        %r9, %rbx

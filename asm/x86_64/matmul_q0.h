@@ -195,7 +195,7 @@
         movq    F_PANEL(%rbp), %r12             // the token block's panel
         xorl    %r10d, %r10d                    // t
         movq    %rcx, %r15                      // tokens left
-        vpbroadcastd MQ_K80(%rbx), %ymm1
+        vpbroadcastd Q0_K80(%rbx), %ymm1
         vpxor   %xmm0, %xmm0, %xmm0
 .Lpk_tok\@:
         movq    %r10, %rdx

@@ -48,15 +48,9 @@
 
         /* acc = +0.0 for \nt tiles (1 or 2) */
         .macro  zero_acc nt
-        vpxord  %zmm0, %zmm0, %zmm0
-        vpxord  %zmm1, %zmm1, %zmm1
-        vpxord  %zmm2, %zmm2, %zmm2
-        vpxord  %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3
         .if \nt == 2
-        vpxord  %zmm4, %zmm4, %zmm4
-        vpxord  %zmm5, %zmm5, %zmm5
-        vpxord  %zmm6, %zmm6, %zmm6
-        vpxord  %zmm7, %zmm7, %zmm7
+        vclear  vpxord, zmm, 4, 5, 6, 7
         .endif
         .endm
 

@@ -27,21 +27,9 @@
  * ymm4-7 a half's int32 (q4_0 avx2: int16) sums, ymm8-15 the tile's fp32 sums; rbx the constants.
  */
 #include "asm.S"
+#include "q0_const.h"
 
-        .set    Q0_ONES, 0                      // int16 1
-        .set    Q0_K80, 32                      // bytes 0x80
-        .set    Q0_M0F, 64                      // bytes 0x0f
-const q0_mv_avx2, 6
-        .rept   16
-        .short  1
-        .endr
-        .rept   32
-        .byte   0x80
-        .endr
-        .rept   32
-        .byte   0x0f
-        .endr
-endconst
+        q0_const q0_mv_avx2, 32
 
         .macro  q0_consts
         movrel  %rbx, q0_mv_avx2

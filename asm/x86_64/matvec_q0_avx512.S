@@ -20,23 +20,16 @@
  * temps, zmm12 int16 ones, k1 signs; rbx the constants.
  */
 #include "asm.S"
+#include "q0_const.h"
 
-        .set    Q0_ONES, 0                      // int16 1 (two per dword)
-        .set    Q0_K80, 4                       // bytes 0x80
-        .set    Q0_M0F, 8                       // bytes 0x0f
-const q0_mv_avx512, 4
-        .long   0x00010001, 0x80808080, 0x0f0f0f0f, 0
-endconst
+        q0_const q0_mv_avx512, 64
 
         .macro  q0_consts
         movrel  %rbx, q0_mv_avx512
         .endm
 
         .macro  q0_zero
-        vpxord  %zmm0, %zmm0, %zmm0
-        vpxord  %zmm1, %zmm1, %zmm1
-        vpxord  %zmm2, %zmm2, %zmm2
-        vpxord  %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3
         .endm
 
         .macro  q0_exit

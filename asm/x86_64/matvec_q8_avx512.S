@@ -34,15 +34,9 @@
         /* all n_in rows of \nt tiles from rdi (and rax); leaves rdi (rax) past the last row */
         .macro  tile_rows nt
         .if \nt == 2
-        vpxord  %zmm4, %zmm4, %zmm4
-        vpxord  %zmm5, %zmm5, %zmm5
-        vpxord  %zmm6, %zmm6, %zmm6
-        vpxord  %zmm7, %zmm7, %zmm7
+        vclear  vpxord, zmm, 4, 5, 6, 7
         .endif
-        vpxord  %zmm0, %zmm0, %zmm0             // acc = +0.0
-        vpxord  %zmm1, %zmm1, %zmm1
-        vpxord  %zmm2, %zmm2, %zmm2
-        vpxord  %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3         // acc = +0.0
         movq    %rdx, %r10                      // x cursor
         movq    %r9, %r11
         shrq    $2, %r11                        // n_in / 4 blocks of 4 rows
