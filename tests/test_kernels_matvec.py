@@ -61,21 +61,28 @@ def symbol(dtype: str, isa: str) -> str:
 _LIB = None
 
 
+def open_built(build: bool = True) -> ctypes.CDLL:
+    """The library, built first (python build.py -q; not with build=False or $GPT2ASM_TEST_LIB), opened
+    (checked when $GPT2ASM_CHECKASM, conftest.py), with gpt2asm_cpuid / gpt2asm_xgetbv bound."""
+    if build and not os.environ.get("GPT2ASM_TEST_LIB"):
+        subprocess.run([sys.executable, "build.py", "-q"], cwd=ROOT, check=True)
+    lib = open_library(LIB_PATH)
+    lib.gpt2asm_cpuid.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    lib.gpt2asm_cpuid.restype = None
+    lib.gpt2asm_xgetbv.argtypes = [ctypes.c_uint32]
+    lib.gpt2asm_xgetbv.restype = ctypes.c_uint64
+    return lib
+
+
 def load_lib(build: bool = True) -> ctypes.CDLL:
     """Build the library once per session and bind the matvec symbols."""
     global _LIB
     if _LIB is None:
-        if build and not os.environ.get("GPT2ASM_TEST_LIB"):
-            subprocess.run([sys.executable, "build.py", "-q"], cwd=ROOT, check=True)
-        lib = open_library(LIB_PATH)          # checked when $GPT2ASM_CHECKASM (conftest.py)
+        lib = open_built(build)
         for d, i in VARIANTS:
             fn = getattr(lib, symbol(d, i))
             fn.argtypes = [P, P, P, P, S, S, S]
             fn.restype = None
-        lib.gpt2asm_cpuid.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
-        lib.gpt2asm_cpuid.restype = None
-        lib.gpt2asm_xgetbv.argtypes = [ctypes.c_uint32]
-        lib.gpt2asm_xgetbv.restype = ctypes.c_uint64
         if hasattr(lib, "gpt2asm_readbw_f32_avx2"):
             lib.gpt2asm_readbw_f32_avx2.argtypes = [P, S]
             lib.gpt2asm_readbw_f32_avx2.restype = ctypes.c_float
@@ -86,27 +93,31 @@ def load_lib(build: bool = True) -> ctypes.CDLL:
     return _LIB
 
 
-def cpu_isas(lib) -> set[str]:
-    """The ISA families this CPU (and OS) can run: docs/kernels.md, gpt2asm_cpuid."""
-    regs = (ctypes.c_uint32 * 4)()
-
-    def cpuid(leaf, sub=0):
-        lib.gpt2asm_cpuid(leaf, sub, regs)
-        return tuple(regs)
-
-    max_leaf = cpuid(0)[0]
-    ecx1 = cpuid(1)[2]
-    ebx7 = cpuid(7)[1] if max_leaf >= 7 else 0
-    bit = lambda v, *bs: all(v >> b & 1 for b in bs)
+def isas_from_cpuid(cpuid, xgetbv) -> set[str]:
+    """The ISA families a CPU (and OS) can run, from CPUID and XCR0 (docs/kernels.md)."""
+    bit = lambda v, *bs: all(v >> b & 1 for b in bs)       # noqa: E731
+    max_leaf = cpuid(0, 0)[0]
+    ecx1 = cpuid(1, 0)[2]
+    ebx7 = cpuid(7, 0)[1] if max_leaf >= 7 else 0
     if not bit(ecx1, 27):                                  # OSXSAVE: xgetbv is usable
         return set()
-    xcr0 = lib.gpt2asm_xgetbv(0)
+    xcr0 = xgetbv(0)
     have = set()
     if bit(ecx1, 12, 27, 28, 29) and bit(ebx7, 5) and bit(xcr0, 1, 2):
         have.add("avx2")
         if bit(ebx7, 16) and bit(xcr0, 5, 6, 7):
             have.add("avx512")
     return have
+
+
+def cpu_isas(lib) -> set[str]:
+    """The ISA families this CPU (and OS) can run, probed with the library's gpt2asm_cpuid / xgetbv."""
+    regs = (ctypes.c_uint32 * 4)()
+
+    def cpuid(leaf, sub):
+        lib.gpt2asm_cpuid(leaf, sub, regs)
+        return tuple(regs)
+    return isas_from_cpuid(cpuid, lib.gpt2asm_xgetbv)
 
 
 _EMU: list = []                      # [emulator] or [None, reason]
