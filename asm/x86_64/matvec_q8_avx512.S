@@ -31,6 +31,17 @@
         .endif
         .endm
 
+        /* past \rows rows: rdi (and rax) by 64 bytes a row, the x cursor r10 by 4; again while --r11 */
+        .macro  next_rows nt, rows, again
+        addq    $64*\rows, %rdi
+        .if \nt == 2
+        addq    $64*\rows, %rax
+        .endif
+        addq    $4*\rows, %r10
+        decq    %r11
+        jnz     \again
+        .endm
+
         /* all n_in rows of \nt tiles from rdi (and rax); leaves rdi (rax) past the last row */
         .macro  tile_rows nt
         .if \nt == 2
@@ -51,13 +62,7 @@
         row_q8  64,  %zmm9,  \nt
         row_q8  128, %zmm10, \nt
         row_q8  192, %zmm11, \nt
-        addq    $256, %rdi
-        .if \nt == 2
-        addq    $256, %rax
-        .endif
-        addq    $16, %r10
-        decq    %r11
-        jnz     2b
+        next_rows \nt, 4, 2b
 3:
         movq    %r9, %r11
         andq    $3, %r11                        // n_in % 4 rows left
@@ -65,13 +70,7 @@
 4:
         vbroadcastss  0(%r10), %zmm8
         row_q8  0, %zmm8, \nt
-        addq    $64, %rdi
-        .if \nt == 2
-        addq    $64, %rax
-        .endif
-        addq    $4, %r10
-        decq    %r11
-        jnz     4b
+        next_rows \nt, 1, 4b
 5:
         .endm
 
