@@ -115,7 +115,7 @@ EXTRA_OPS = {
                          "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "matmul_q8", "plan_run", "plan_step", "worker")},
 }
-# the q8_0 / q4_0 integer kernels (docs/kernels-q0.md): per family, op -> its ISA variants, each exported as
+# the q8_0 / q4_0 integer kernels (docs/kernels.md "q8_0 / q4_0"): per family, op -> its ISA variants, each exported as
 # gpt2asm_<op>_<variant> (Python picks the best variant the CPU has: gpt2asm.kernels.q0_variant on x86, gpt2asm.cpu.q0_isa on Arm).
 # check_exports requires every variant of a family like its FAMILY_OPS.
 VARIANT_OPS = {

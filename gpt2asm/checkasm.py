@@ -116,7 +116,7 @@ def _extra_check(lib: CheckedLibrary) -> bool:
         cpuid(13, 1, r)
         return bool(r[0] >> 2 & 1)
     if ARCH == "aarch64":                        # reading SVCR needs SME
-        from .cpu_arm import arm_features
+        from .cpu import arm_features         # (cpu_arm.py went into cpu.py)
         return bool(arm_features(lib=lib).get("sme"))
     return False
 

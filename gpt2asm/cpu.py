@@ -203,7 +203,7 @@ def notes_from(features: dict) -> list[str]:
     return notes
 
 
-# the q8_0 / q4_0 integer kernels' variants inside the neon family (docs/kernels-q0.md), worst first, and the
+# the q8_0 / q4_0 integer kernels' variants inside the neon family (docs/kernels.md "q8_0 / q4_0"), worst first, and the
 # feature each needs; matvec has no i8mm variant (smmla needs two tokens)
 Q0_ISAS = ("neon", "dotprod", "i8mm")
 Q0_NEEDS = {"neon": "asimd", "dotprod": "asimddp", "i8mm": "i8mm"}

@@ -108,12 +108,12 @@ class _TextStream:
 # ----------------------------------------------------------------------------------------------------
 
 def _check_kernels_for(dtype: str, kernels) -> None:
-    """q8_0 / q4_0 need the integer kernels and their plan jobs (docs/kernels-q0.md): until the library and
+    """q8_0 / q4_0 need the integer kernels and their plan jobs (docs/kernels.md, q8_0 / q4_0): until the library and
     the plan have them (Kernels.has_q8_0 / has_q4_0), say so -- never fall back to another dtype."""
     if dtype in Q0_DTYPES and not getattr(kernels, f"has_{dtype}", False):
         raise KernelUnavailableError(
             f"dtype {dtype!r} needs the integer kernels gpt2asm_quantize_q8_0 / gpt2asm_matvec_{dtype} / "
-            f"gpt2asm_matmul_{dtype} and their plan jobs (docs/kernels-q0.md), which this build does not have "
+            f"gpt2asm_matmul_{dtype} and their plan jobs (docs/kernels.md), which this build does not have "
             f"yet for the kernel family {kernels.family!r}; run dtype 'f32', 'f16' or 'q8' (the weights "
             f"themselves load: gpt2asm.tilecache.load_weights_cached(path, {dtype!r}))")
 

@@ -53,10 +53,10 @@ import numpy as np
 
 from . import quant0
 from .config import GPT2Config
+from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, TokenizerError
 from .safefs import expand_user
-from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError, TokenizerError
 from .weights import (F16_OVERFLOW, MATRIX_DTYPES, Q0_DTYPES, TILE, Layer, Weights, _aligned_copy, pad_vector,
-                      tile_head, tile_matrix)
+                      stat_regular_file, tile_head, tile_matrix)
 
 MAGIC = b"GGUF"
 ARCH = "gpt2"
@@ -112,14 +112,7 @@ class GGUFModel:
 
     def __init__(self, path):
         self.path = p = expand_user(path, "GGUF file")
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            raise ModelNotFoundError(f"{p}: file not found") from None
-        except OSError as e:
-            raise CheckpointError(f"{p}: cannot read the file: {e}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(f"{p}: not a regular file")
+        st = stat_regular_file(p)
         if st.st_size < 24:
             raise CheckpointError(f"{p}: file is {st.st_size} bytes, too short for a GGUF header (truncated?)")
         with open(p, "rb") as f:

@@ -1,4 +1,4 @@
-"""The q8_0 / q4_0 integer kernels (docs/kernels-q0.md; tests/q0ref.py is their numpy model): which ISA
+"""The q8_0 / q4_0 integer kernels (docs/kernels.md; tests/q0ref.py is their numpy model): which ISA
 variant runs inside a kernel family, the ctypes bindings, and checked numpy wrappers.
 
     Q0Kernels(family)   x86-64: the variant of the avx2 / avx512 family (VNNI where the CPU has it)
@@ -18,7 +18,7 @@ from .lib import ARCH, load_library
 from .validate import TILE, addr, check, is_int as _is_int
 
 # --------------------------------------------------------------------------------------------------
-# q8_0 / q4_0 integer kernels (docs/kernels-q0.md): one contiguous block (variant choice, bindings,
+# q8_0 / q4_0 integer kernels (docs/kernels.md): one contiguous block (variant choice, bindings,
 # checked wrappers), independent of Kernels above
 
 Q0_QK = 32                                        # inputs per block
@@ -167,7 +167,7 @@ class Q0Kernels:
 
 
 # --------------------------------------------------------------------------------------------------
-# q8_0 / q4_0 integer kernels, AArch64 (docs/kernels-q0.md; tests/q0ref.py is the numpy model).  The
+# q8_0 / q4_0 integer kernels, AArch64 (docs/kernels.md; tests/q0ref.py is the numpy model).  The
 # variant inside the neon family is chosen by cpu.q0_isa (dotprod / i8mm where the CPU has them;
 # $GPT2ASM_ARM_Q0=neon forces base ARMv8.0); every variant gives the same bits.
 

@@ -37,7 +37,8 @@ _CHUNK = 16                      # tiles quantised per step (bounds the float32 
 __all__ = ["quantize_q8", "quantize_q8_head", "dequantize_q8", "TILE", "QMAX"]
 
 
-def _as_f32_matrix(w, what: str) -> np.ndarray:
+def float_matrix(w, what: str) -> np.ndarray:
+    """w as a non-empty 2-D floating-point array, or InvalidArgumentError naming `what`."""
     w = np.asarray(w)
     if w.ndim != 2:
         raise InvalidArgumentError(f"{what} expects a 2-D matrix, got shape {w.shape}")
@@ -70,13 +71,13 @@ def _quantize_block(blk: np.ndarray, axis: int, what: str) -> tuple[np.ndarray, 
 def quantize_q8(w_in_out) -> tuple[np.ndarray, np.ndarray]:
     """HF Conv1D weight W[in][out] -> (q int8 [n_tiles][in][64], scale float32 [64*n_tiles]), both
     64-byte aligned; n_tiles = ceil(out/64), padding outputs have q = 0 and scale = 0."""
-    return _quantize_tiles(_as_f32_matrix(w_in_out, "quantize_q8"), 0, "quantize_q8")
+    return _quantize_tiles(float_matrix(w_in_out, "quantize_q8"), 0, "quantize_q8")
 
 
 def quantize_q8_head(w_out_in) -> tuple[np.ndarray, np.ndarray]:
     """Output head E[V][C] (wte or lm_head.weight; logits = x @ E.T) -> exactly quantize_q8(E.T):
     q int8 [ceil(V/64)][C][64] with q[t][i][j] = q(E[64t+j][i]), scale float32 [64*ceil(V/64)]."""
-    return _quantize_tiles(_as_f32_matrix(w_out_in, "quantize_q8_head"), 1, "quantize_q8_head")
+    return _quantize_tiles(float_matrix(w_out_in, "quantize_q8_head"), 1, "quantize_q8_head")
 
 
 def _quantize_tiles(w: np.ndarray, axis: int, what: str) -> tuple[np.ndarray, np.ndarray]:

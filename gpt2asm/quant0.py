@@ -1,4 +1,4 @@
-"""llama.cpp's Q8_0 / Q4_0 weights for the integer kernels (docs/kernels-q0.md; numpy model tests/q0ref.py).
+"""llama.cpp's Q8_0 / Q4_0 weights for the integer kernels (docs/kernels.md "q8_0 / q4_0"; numpy model tests/q0ref.py).
 
 Weight quantizers: exactly ggml's reference quantizers (quantize_row_q8_0_ref / quantize_row_q4_0_ref; the
 same ints and fp16 scales as the `gguf` package's gguf.quants and as a GGUF Q8_0 / Q4_0 written by
@@ -40,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import InvalidArgumentError
+from .quant import float_matrix
 from .weights import aligned_empty
 
 QK = 32                                   # inputs per block
@@ -76,12 +77,8 @@ def _check_kind(kind) -> None:
 
 
 def _as_matrix(w, what: str) -> np.ndarray:
-    w = np.asarray(w)
-    if w.ndim != 2:
-        raise InvalidArgumentError(f"{what} expects a 2-D [n_out][n_in] matrix, got shape {w.shape}")
-    if w.dtype.kind != "f":
-        raise InvalidArgumentError(f"{what} expects float16/float32 weights, got {w.dtype}")
-    if 0 in w.shape or w.shape[1] % QK:
+    w = float_matrix(w, what)                           # [n_out][n_in]
+    if w.shape[1] % QK:
         raise InvalidArgumentError(f"{what}: n_in must be a positive multiple of {QK} and n_out positive, "
                                    f"got shape {w.shape}")
     return w

@@ -16,7 +16,7 @@ Engine layout (see tile_matrix): every matrix multiply  y[out] = x[in] @ W[in][o
 so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32, float16
 (dtype='f16') or int8 with one float32 scale per output (dtype='q8', gpt2asm.quant: Layer.*_s and
 Weights.head_s), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
-dtypes 'q8_0' / 'q4_0' (gpt2asm.quant0, docs/kernels-q0.md) hold llama.cpp's blocks of 32 inputs instead:
+dtypes 'q8_0' / 'q4_0' (gpt2asm.quant0, docs/kernels.md "q8_0 / q4_0") hold llama.cpp's blocks of 32 inputs instead:
 each matrix is uint8 [ceil(out/64)][in/32][RECORD] records of 64 outputs x 32 inputs with their fp16
 scales; the head (and the embedding) is q8_0 for both, and wte is the dequantized q8_0 embedding.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import re
 import stat
 from dataclasses import dataclass, field
@@ -193,21 +194,27 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def stat_regular_file(p: Path) -> os.stat_result:
+    """p's stat, or ModelNotFoundError (missing) / CheckpointError (unreadable, or a directory, FIFO or device:
+    never open one, a FIFO blocks)."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ModelNotFoundError(f"{p}: file not found") from None
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot read the file: {e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{p}: not a regular file")
+    return st
+
+
 class SafetensorsFile:
     """A memory-mapped, validated safetensors file. `entries` maps stored names to TensorEntry."""
 
     def __init__(self, path):
         self.path = Path(path)
         p = self.path
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            raise ModelNotFoundError(f"{p}: file not found") from None
-        except OSError as e:
-            raise CheckpointError(f"{p}: cannot read the file: {e}") from None
-        if not stat.S_ISREG(st.st_mode):           # a directory, FIFO or device: never open (a FIFO blocks)
-            raise CheckpointError(f"{p}: not a regular file")
-        size = st.st_size
+        size = stat_regular_file(p).st_size
         if size == 0:
             raise CheckpointError(f"{p}: file is empty")
         if size < 8:

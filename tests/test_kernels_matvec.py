@@ -61,21 +61,28 @@ def symbol(dtype: str, isa: str) -> str:
 _LIB = None
 
 
+def open_built(build: bool = True) -> ctypes.CDLL:
+    """The library, built first (python build.py -q; not with build=False or $GPT2ASM_TEST_LIB), opened
+    (checked when $GPT2ASM_CHECKASM, conftest.py), with gpt2asm_cpuid / gpt2asm_xgetbv bound."""
+    if build and not os.environ.get("GPT2ASM_TEST_LIB"):
+        subprocess.run([sys.executable, "build.py", "-q"], cwd=ROOT, check=True)
+    lib = open_library(LIB_PATH)
+    lib.gpt2asm_cpuid.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    lib.gpt2asm_cpuid.restype = None
+    lib.gpt2asm_xgetbv.argtypes = [ctypes.c_uint32]
+    lib.gpt2asm_xgetbv.restype = ctypes.c_uint64
+    return lib
+
+
 def load_lib(build: bool = True) -> ctypes.CDLL:
     """Build the library once per session and bind the matvec symbols."""
     global _LIB
     if _LIB is None:
-        if build and not os.environ.get("GPT2ASM_TEST_LIB"):
-            subprocess.run([sys.executable, "build.py", "-q"], cwd=ROOT, check=True)
-        lib = open_library(LIB_PATH)          # checked when $GPT2ASM_CHECKASM (conftest.py)
+        lib = open_built(build)
         for d, i in VARIANTS:
             fn = getattr(lib, symbol(d, i))
             fn.argtypes = [P, P, P, P, S, S, S]
             fn.restype = None
-        lib.gpt2asm_cpuid.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
-        lib.gpt2asm_cpuid.restype = None
-        lib.gpt2asm_xgetbv.argtypes = [ctypes.c_uint32]
-        lib.gpt2asm_xgetbv.restype = ctypes.c_uint64
         if hasattr(lib, "gpt2asm_readbw_f32_avx2"):
             lib.gpt2asm_readbw_f32_avx2.argtypes = [P, S]
             lib.gpt2asm_readbw_f32_avx2.restype = ctypes.c_float
@@ -86,27 +93,31 @@ def load_lib(build: bool = True) -> ctypes.CDLL:
     return _LIB
 
 
-def cpu_isas(lib) -> set[str]:
-    """The ISA families this CPU (and OS) can run: docs/kernels.md, gpt2asm_cpuid."""
-    regs = (ctypes.c_uint32 * 4)()
-
-    def cpuid(leaf, sub=0):
-        lib.gpt2asm_cpuid(leaf, sub, regs)
-        return tuple(regs)
-
-    max_leaf = cpuid(0)[0]
-    ecx1 = cpuid(1)[2]
-    ebx7 = cpuid(7)[1] if max_leaf >= 7 else 0
-    bit = lambda v, *bs: all(v >> b & 1 for b in bs)
+def isas_from_cpuid(cpuid, xgetbv) -> set[str]:
+    """The ISA families a CPU (and OS) can run, from CPUID and XCR0 (docs/kernels.md)."""
+    bit = lambda v, *bs: all(v >> b & 1 for b in bs)       # noqa: E731
+    max_leaf = cpuid(0, 0)[0]
+    ecx1 = cpuid(1, 0)[2]
+    ebx7 = cpuid(7, 0)[1] if max_leaf >= 7 else 0
     if not bit(ecx1, 27):                                  # OSXSAVE: xgetbv is usable
         return set()
-    xcr0 = lib.gpt2asm_xgetbv(0)
+    xcr0 = xgetbv(0)
     have = set()
     if bit(ecx1, 12, 27, 28, 29) and bit(ebx7, 5) and bit(xcr0, 1, 2):
         have.add("avx2")
         if bit(ebx7, 16) and bit(xcr0, 5, 6, 7):
             have.add("avx512")
     return have
+
+
+def cpu_isas(lib) -> set[str]:
+    """The ISA families this CPU (and OS) can run, probed with the library's gpt2asm_cpuid / xgetbv."""
+    regs = (ctypes.c_uint32 * 4)()
+
+    def cpuid(leaf, sub):
+        lib.gpt2asm_cpuid(leaf, sub, regs)
+        return tuple(regs)
+    return isas_from_cpuid(cpuid, lib.gpt2asm_xgetbv)
 
 
 _EMU: list = []                      # [emulator] or [None, reason]
@@ -664,6 +675,92 @@ SHAPES_124M = [(768, 2304, "attn.c_attn"), (768, 768, "attn.c_proj"), (768, 3072
                (3072, 768, "mlp.c_proj"), (768, 50304, "lm_head")]
 
 
+def readbw_baseline(lib, have):
+    """gpt2asm_readbw_f32_avx2 (the plain streaming read every bandwidth benchmark is measured against), or
+    None (said) when this CPU or library cannot run it."""
+    readbw = getattr(lib, "gpt2asm_readbw_f32_avx2", None)
+    if "avx2" not in have or readbw is None:
+        print("need AVX2 and gpt2asm_readbw_f32_avx2 for the baseline")
+        return None
+    return readbw
+
+
+def stream_buffers(chunk_mb: int, fill, nchunk: int = 4):
+    """A page-aligned buffer of nchunk chunks of chunk_mb MB, every element of fill's dtype = fill (which
+    faults the pages in), and next_chunk(): the address of the next chunk in rotation, so that no call
+    finds its weights in a cache."""
+    chunk = chunk_mb << 20
+    raw = np.empty(nchunk * chunk + 4096, np.uint8)
+    buf = raw[(-raw.ctypes.data) % 4096:][:nchunk * chunk]
+    buf.view(np.asarray(fill).dtype)[:] = fill
+    k = [0]
+
+    def next_chunk():
+        k[0] += 1
+        return buf.ctypes.data + (k[0] % nchunk) * chunk
+    return buf, next_chunk
+
+
+def best_of(calls, reps: int, clock, rounds: int = 7) -> dict:
+    """{name: the best over `rounds` of the mean seconds of `reps` calls of call()} for (name, call) in calls,
+    the calls interleaved round by round."""
+    best = {}
+    for _ in range(rounds):
+        for name, call in calls:
+            t0 = clock()
+            for _ in range(reps):
+                call()
+            best[name] = min(best.get(name, 1e9), (clock() - t0) / reps)
+    return best
+
+
+def interleaved(rounds: int, clock, ncopy: int, per: int, kernel, readbw, next_chunk):
+    """Medians over `rounds` of (kernel seconds, plain-read seconds, read / kernel) per copy: each round
+    runs kernel(p) and readbw(p, per // 4) on ncopy consecutive copies of `per` bytes of a fresh chunk,
+    in alternating order, so that the noise of a shared machine hits both alike."""
+    kern, read, ratio = [], [], []
+    for r in range(rounds):
+        def run_kernel():
+            p = next_chunk()
+            t0 = clock()
+            for c in range(ncopy):
+                kernel(p + c * per)
+            return clock() - t0
+
+        def run_read():
+            p = next_chunk()
+            t0 = clock()
+            for c in range(ncopy):
+                readbw(p + c * per, per // 4)
+            return clock() - t0
+        if r % 2:
+            tk, tr = run_kernel(), run_read()
+        else:
+            tr, tk = run_read(), run_kernel()
+        kern.append(tk / ncopy)
+        read.append(tr / ncopy)
+        ratio.append(tr / tk)
+    return float(np.median(kern)), float(np.median(read)), float(np.median(ratio))
+
+
+def bench_shapes(name: str, width: int, rounds: int, clock, chunk: int, nbytes, kernel, readbw, next_chunk):
+    """Per GPT-2 124M shape (SHAPES_124M): kernel(p, n_in, n_tiles) streaming nbytes(n_in, n_out) bytes of
+    weights at p, against readbw on the same bytes (interleaved), one printed row each.  Returns the
+    per-token totals (12 x each layer matrix + the head) of kernel and read seconds."""
+    tot_k = tot_r = 0.0
+    for n_in, n_out, what in SHAPES_124M:
+        nt = n_out // TILE
+        per = nbytes(n_in, n_out)
+        ncopy = max(1, (chunk // 2) // per)
+        tk, tr, ratio = interleaved(rounds, clock, ncopy, per, lambda p: kernel(p, n_in, nt), readbw, next_chunk)
+        mult = 1 if what == "lm_head" else 12
+        tot_k += mult * tk
+        tot_r += mult * tr
+        print(f"{name:{width}s} {n_in:4d}x{n_out:<5d} {what:11s} {tk * 1e6:9.1f} "
+              f"{per / tk / 1e9:7.2f} {per / tr / 1e9:10.2f} {ratio:6.3f}", flush=True)
+    return tot_k, tot_r
+
+
 def bench(rounds: int = 41, chunk_mb: int = 160) -> None:
     """GB/s of weight streaming per shape and variant, against a plain streaming read of the same
     bytes in calls of the same size (gpt2asm_readbw_f32_avx2), measured interleaved so that the
@@ -671,23 +768,15 @@ def bench(rounds: int = 41, chunk_mb: int = 160) -> None:
     (a rotation over several buffers much larger than the L3)."""
     lib = load_lib()
     have = cpu_isas(lib)
-    readbw = getattr(lib, "gpt2asm_readbw_f32_avx2", None)
-    if "avx2" not in have or readbw is None:
-        print("need AVX2 and gpt2asm_readbw_f32_avx2 for the baseline")
+    readbw = readbw_baseline(lib, have)
+    if readbw is None:
         return
-    nchunk, chunk = 4, chunk_mb << 20
-    raw = np.empty(nchunk * chunk + 4096, np.uint8)
-    buf = raw[(-raw.ctypes.data) % 4096:][:nchunk * chunk]
-    buf.view(np.float32)[:] = np.float32(0.001)             # fault the pages in; finite weights
+    chunk = chunk_mb << 20
+    buf, next_chunk = stream_buffers(chunk_mb, np.float32(0.001))     # finite weights
     base = buf.ctypes.data
     x = np.full(3072, 0.5, np.float32)
     y = np.empty(50304, np.float32)
     xp, yp = x.ctypes.data, y.ctypes.data
-    k = [0]
-
-    def next_chunk():
-        k[0] += 1
-        return base + (k[0] % nchunk) * chunk
 
     # numpy baseline (for reference only: it also pays numpy's summation arithmetic)
     t = []
@@ -712,35 +801,8 @@ def bench(rounds: int = 41, chunk_mb: int = 160) -> None:
             continue
         for dtype, es in (("f32", 4), ("f16", 2)):
             fn = getattr(lib, symbol(dtype, isa))
-            for n_in, n_out, what in SHAPES_124M:
-                nt = n_out // TILE
-                per = n_in * n_out * es
-                ncopy = max(1, (chunk // 2) // per)
-                kern, read, ratio = [], [], []
-                for r in range(rounds):
-                    def run_kernel():
-                        p = next_chunk()
-                        t0 = time.perf_counter()
-                        for c in range(ncopy):
-                            fn(p + c * per, xp, None, yp, n_in, 0, nt)
-                        return time.perf_counter() - t0
-
-                    def run_read():
-                        p = next_chunk()
-                        t0 = time.perf_counter()
-                        for c in range(ncopy):
-                            readbw(p + c * per, per // 4)
-                        return time.perf_counter() - t0
-                    if r % 2:
-                        tk, tr = run_kernel(), run_read()
-                    else:
-                        tr, tk = run_read(), run_kernel()
-                    kern.append(tk / ncopy)
-                    read.append(tr / ncopy)
-                    ratio.append(tr / tk)
-                tk, tr = float(np.median(kern)), float(np.median(read))
-                print(f"{symbol(dtype, isa):26s} {n_in:4d}x{n_out:<5d} {what:11s} {tk * 1e6:9.1f} "
-                      f"{per / tk / 1e9:7.2f} {per / tr / 1e9:10.2f} {float(np.median(ratio)):6.3f}", flush=True)
+            bench_shapes(symbol(dtype, isa), 26, rounds, time.perf_counter, chunk, lambda i, o, es=es: i * o * es,
+                         lambda p, n_in, nt, fn=fn: fn(p, xp, None, yp, n_in, 0, nt), readbw, next_chunk)
 
 
 if __name__ == "__main__":

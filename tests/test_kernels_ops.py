@@ -32,7 +32,6 @@ import itertools
 import math
 import mmap
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,8 +45,8 @@ LIB_PATH = Path(os.environ.get("GPT2ASM_TEST_LIB") or ROOT / "gpt2asm" / "libgpt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(ROOT))                                       # gpt2asm (run as a script)
 
-from gpt2asm.checkasm import open_library  # noqa: E402
 from forked import run_forked  # noqa: E402
+from test_kernels_matvec import cpu_isas, isas_from_cpuid, open_built  # noqa: E402
 
 ISAS = ("avx2", "avx512")
 GUARD = 4096                                     # canary bytes before and after every native buffer
@@ -88,13 +87,7 @@ def load_lib(build: bool = True) -> ctypes.CDLL:
     """Build the library once per session (python build.py -q) and load it."""
     global _LIB
     if _LIB is None:
-        if build and not os.environ.get("GPT2ASM_TEST_LIB"):
-            subprocess.run([sys.executable, "build.py", "-q"], cwd=ROOT, check=True)
-        lib = open_library(LIB_PATH)          # checked when $GPT2ASM_CHECKASM (conftest.py)
-        lib.gpt2asm_cpuid.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
-        lib.gpt2asm_cpuid.restype = None
-        lib.gpt2asm_xgetbv.argtypes = [ctypes.c_uint32]
-        lib.gpt2asm_xgetbv.restype = ctypes.c_uint64
+        lib = open_built(build)
         for op, sig in SIGS.items():
             for isa in ISAS:
                 if op not in F32_OPS and (op, isa) not in SYMBOLS:
@@ -110,31 +103,8 @@ def symbol(op: str, isa: str) -> str:
     return SYMBOLS.get((op, isa), f"gpt2asm_{op}_f32_{isa}")
 
 
-def isas_from_cpuid(cpuid, xgetbv) -> set[str]:
-    """The ISA families a CPU (and OS) can run, from CPUID and XCR0 (docs/kernels.md)."""
-    bit = lambda v, *bs: all(v >> b & 1 for b in bs)       # noqa: E731
-    max_leaf = cpuid(0, 0)[0]
-    ecx1 = cpuid(1, 0)[2]
-    ebx7 = cpuid(7, 0)[1] if max_leaf >= 7 else 0
-    if not bit(ecx1, 27):                                  # OSXSAVE: xgetbv is usable
-        return set()
-    xcr0 = xgetbv(0)
-    have = set()
-    if bit(ecx1, 12, 27, 28, 29) and bit(ebx7, 5) and bit(xcr0, 1, 2):
-        have.add("avx2")
-        if bit(ebx7, 16) and bit(xcr0, 5, 6, 7):
-            have.add("avx512")
-    return have
-
-
 def native_isas() -> set[str]:
-    lib = load_lib()
-    regs = (ctypes.c_uint32 * 4)()
-
-    def cpuid(leaf, sub):
-        lib.gpt2asm_cpuid(leaf, sub, regs)
-        return tuple(regs)
-    return isas_from_cpuid(cpuid, lib.gpt2asm_xgetbv)
+    return cpu_isas(load_lib())
 
 
 _EMU: list = []                                  # [emulator, None] or [None, reason]

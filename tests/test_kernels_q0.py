@@ -1,4 +1,4 @@
-"""checkasm-style tests (and a benchmark) for the q8_0 / q4_0 integer kernels (docs/kernels-q0.md).
+"""checkasm-style tests (and a benchmark) for the q8_0 / q4_0 integer kernels (docs/kernels.md "q8_0 / q4_0").
 
     gpt2asm_quantize_q8_0_{avx2,avx512}
     gpt2asm_matvec_q8_0_{avx2,avxvnni,avx512,avx512vnni}, gpt2asm_matvec_q4_0_{...}
@@ -720,24 +720,17 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
     clock = time.perf_counter if wall else time.thread_time
     lib = load_lib()
     have = native_isas(lib)
-    readbw = getattr(lib, "gpt2asm_readbw_f32_avx2", None)
-    if "avx2" not in have or readbw is None:
-        print("need AVX2 and gpt2asm_readbw_f32_avx2 for the baseline")
+    readbw = mv.readbw_baseline(lib, have)
+    if readbw is None:
         return
-    nchunk, chunk = 4, chunk_mb << 20
-    raw = np.empty(nchunk * chunk + 4096, np.uint8)
-    buf = raw[(-raw.ctypes.data) % 4096:][:nchunk * chunk]
-    buf[:] = 0x11              # scales fp16 0x1111 (normal), q8_0 ints 17, q4_0 nibbles 1: no subnormals
+    chunk = chunk_mb << 20
+    buf, next_chunk = mv.stream_buffers(chunk_mb, np.uint8(0x11))   # scales fp16 0x1111 (normal), q8_0
+    #                                                       ints 17, q4_0 nibbles 1: no subnormals
     base = buf.ctypes.data
     xq = np.full(3072, 5, np.int8)
     xd = np.full(96, 0.01, np.float32)
     y = np.empty(50304, np.float32)
     qp, dp, yp = xq.ctypes.data, xd.ctypes.data, y.ctypes.data
-    k = [0]
-
-    def next_chunk():
-        k[0] += 1
-        return base + (k[0] % nchunk) * chunk
 
     print(f"CPU q0 variants: {', '.join(sorted(have))}")
     print(f"{'variant':30s} {'shape':22s} {'us/call':>9s} {'GB/s':>7s} {'read GB/s':>10s} {'ratio':>6s}"
@@ -749,55 +742,19 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
                 print(f"{mv_symbol(kind, isa)}: not on this CPU, skipped")
                 continue
             fn = getattr(lib, mv_symbol(kind, isa))
-            tot_k = tot_r = 0.0
-            for n_in, n_out, what in mv.SHAPES_124M:
-                nt = n_out // TILE
-                per = nt * (n_in // QK) * RECORD[kind]
-                ncopy = max(1, (chunk // 2) // per)
-                kern, read, ratio = [], [], []
-                for r in range(rounds):
-                    def run_kernel():
-                        p = next_chunk()
-                        t0 = clock()
-                        for c in range(ncopy):
-                            fn(p + c * per, qp, dp, None, yp, n_in, 0, nt)
-                        return clock() - t0
-
-                    def run_read():
-                        p = next_chunk()
-                        t0 = clock()
-                        for c in range(ncopy):
-                            readbw(p + c * per, per // 4)
-                        return clock() - t0
-                    if r % 2:
-                        tk, tr = run_kernel(), run_read()
-                    else:
-                        tr, tk = run_read(), run_kernel()
-                    kern.append(tk / ncopy)
-                    read.append(tr / ncopy)
-                    ratio.append(tr / tk)
-                tk, tr = float(np.median(kern)), float(np.median(read))
-                mult = 1 if what == "lm_head" else 12
-                tot_k += mult * tk
-                tot_r += mult * tr
-                print(f"{mv_symbol(kind, isa):30s} {n_in:4d}x{n_out:<5d} {what:11s} {tk * 1e6:9.1f} "
-                      f"{per / tk / 1e9:7.2f} {per / tr / 1e9:10.2f} {float(np.median(ratio)):6.3f}", flush=True)
+            tot_k, tot_r = mv.bench_shapes(
+                mv_symbol(kind, isa), 30, rounds, clock, chunk, lambda i, o: o // TILE * (i // QK) * RECORD[kind],
+                lambda p, n_in, nt: fn(p, qp, dp, None, yp, n_in, 0, nt), readbw, next_chunk)
             print(f"  124M per token (12 layers + head): matvecs {tot_k * 1e3:.2f} ms, plain read {tot_r * 1e3:.2f} ms, "
                   f"ratio {tot_r / tot_k:.3f}")
     # in L2: the kernels' own ceiling (one matrix of ~200-400 KiB, repeated)
     n_in, nt, reps = 768, 12, 200
     for kind in KINDS:
         per = nt * (n_in // QK) * RECORD[kind]
-        best = {}
         calls = [(mv_symbol(kind, i), (lambda f=getattr(lib, mv_symbol(kind, i)): f(base, qp, dp, None, yp, n_in, 0, nt)))
                  for i in MV_ISAS if i in have]
         calls.append(("read", lambda: readbw(base, per // 4)))
-        for r in range(7):
-            for name, call in calls:
-                t0 = clock()
-                for _ in range(reps):
-                    call()
-                best[name] = min(best.get(name, 1e9), (clock() - t0) / reps)
+        best = mv.best_of(calls, reps, clock)
         print(f"in L2 ({kind}, {per >> 10} KiB, best of 7 x {reps} calls, ~1-4 us of ctypes per call): " +
               ", ".join(f"{n} {per / t / 1e9:.1f} GB/s" for n, t in best.items()))
     # prefill: one 768 x 3072 matrix (mlp.c_fc) for 128 tokens, in cache, against the fp32 matmul

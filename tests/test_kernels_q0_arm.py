@@ -1,4 +1,4 @@
-"""checkasm-style tests of the AArch64 q8_0 / q4_0 integer kernels (docs/kernels-q0.md, "AArch64"):
+"""checkasm-style tests of the AArch64 q8_0 / q4_0 integer kernels (docs/kernels.md "q8_0 / q4_0", "AArch64"):
 
     gpt2asm_quantize_q8_0_neon                                   (asm/aarch64/quant_neon.S)
     gpt2asm_matvec_{q8_0,q4_0}_{neon,dotprod}                    (asm/aarch64/matvec_q0_neon.S)

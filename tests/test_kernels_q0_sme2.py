@@ -1,6 +1,6 @@
 """checkasm-style tests of the SME2 q8_0 / q4_0 kernels (asm/aarch64/matvec_q0_sme2.S, matmul_q0_sme2.S):
 
-    gpt2asm_matvec_{q8_0,q4_0}_sme2      (docs/kernels-q0.md, "AArch64")
+    gpt2asm_matvec_{q8_0,q4_0}_sme2      (docs/kernels.md "q8_0 / q4_0", "AArch64")
     gpt2asm_matmul_{q8_0,q4_0}_sme2      (asm/aarch64/matmul_q0_sme2.S)
 
 Bit for bit against tests/q0ref.py (and so against the NEON variants), with the harness of

@@ -571,24 +571,16 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
     clock = time.perf_counter if wall else time.thread_time
     lib = load_lib()
     have = cpu_isas(lib)
-    readbw = getattr(lib, "gpt2asm_readbw_f32_avx2", None)
-    if "avx2" not in have or readbw is None:
-        print("need AVX2 and gpt2asm_readbw_f32_avx2 for the baseline")
+    readbw = mv.readbw_baseline(lib, have)
+    if readbw is None:
         return
-    nchunk, chunk = 4, chunk_mb << 20
-    raw = np.empty(nchunk * chunk + 4096, np.uint8)
-    buf = raw[(-raw.ctypes.data) % 4096:][:nchunk * chunk]
-    buf[:] = 3                                               # int8 weights 3; as floats: tiny, finite
+    chunk = chunk_mb << 20
+    buf, next_chunk = mv.stream_buffers(chunk_mb, np.uint8(3))   # int8 weights 3; as floats: tiny, finite
     base = buf.ctypes.data
     x = np.full(3072, 0.5, np.float32)
     y = np.empty(50304, np.float32)
     sc = np.full(50304, 0.01, np.float32)
     xp, yp, sp = x.ctypes.data, y.ctypes.data, sc.ctypes.data
-    k = [0]
-
-    def next_chunk():
-        k[0] += 1
-        return base + (k[0] % nchunk) * chunk
 
     print(f"{'variant':26s} {'shape':22s} {'us/call':>9s} {'GB/s':>7s} {'read GB/s':>10s} {'ratio':>6s}"
           f"  (medians of {rounds} interleaved rounds; weights not in cache; "
@@ -599,39 +591,8 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
             print(f"{isa}: not on this CPU, skipped")
             continue
         fn = getattr(lib, symbol(isa))
-        tot_k = tot_r = 0.0
-        for n_in, n_out, what in SHAPES_124M:
-            nt = n_out // TILE
-            per = n_in * n_out
-            ncopy = max(1, (chunk // 2) // per)
-            kern, read, ratio = [], [], []
-            for r in range(rounds):
-                def run_kernel():
-                    p = next_chunk()
-                    t0 = clock()
-                    for c in range(ncopy):
-                        fn(p + c * per, sp, xp, None, yp, n_in, 0, nt)
-                    return clock() - t0
-
-                def run_read():
-                    p = next_chunk()
-                    t0 = clock()
-                    for c in range(ncopy):
-                        readbw(p + c * per, per // 4)
-                    return clock() - t0
-                if r % 2:
-                    tk, tr = run_kernel(), run_read()
-                else:
-                    tr, tk = run_read(), run_kernel()
-                kern.append(tk / ncopy)
-                read.append(tr / ncopy)
-                ratio.append(tr / tk)
-            tk, tr = float(np.median(kern)), float(np.median(read))
-            mult = 1 if what == "lm_head" else 12
-            tot_k += mult * tk
-            tot_r += mult * tr
-            print(f"{symbol(isa):26s} {n_in:4d}x{n_out:<5d} {what:11s} {tk * 1e6:9.1f} "
-                  f"{per / tk / 1e9:7.2f} {per / tr / 1e9:10.2f} {float(np.median(ratio)):6.3f}", flush=True)
+        tot_k, tot_r = mv.bench_shapes(symbol(isa), 26, rounds, clock, chunk, lambda i, o: i * o,
+                                       lambda p, n_in, nt: fn(p, sp, xp, None, yp, n_in, 0, nt), readbw, next_chunk)
         per_token[isa] = (tot_k, tot_r)
         print(f"  124M, 12 layers + head, int8 weights per token {sum((1 if w == 'lm_head' else 12) * a * b_ for a, b_, w in SHAPES_124M) / 1e6:.1f} MB: "
               f"matvecs {tot_k * 1e3:.2f} ms/token ({1 / tot_k:.0f} tok/s ceiling), plain read {tot_r * 1e3:.2f} ms "
@@ -641,14 +602,8 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
         n_in, nt = 768, 12
         per = n_in * nt * TILE
         reps = 200
-        best = {}
-        for r in range(7):
-            for name, call in (("q8", lambda: lib.gpt2asm_matvec_q8_avx2(base, sp, xp, None, yp, n_in, 0, nt)),
-                               ("read", lambda: readbw(base, per // 4))):
-                t0 = clock()
-                for _ in range(reps):
-                    call()
-                best[name] = min(best.get(name, 1e9), (clock() - t0) / reps)
+        best = mv.best_of((("q8", lambda: lib.gpt2asm_matvec_q8_avx2(base, sp, xp, None, yp, n_in, 0, nt)),
+                           ("read", lambda: readbw(base, per // 4))), reps, clock)
         print(f"in L2 ({per >> 10} KiB, best of 7 x {reps} calls, includes ~1-4 us of ctypes per call): "
               f"gpt2asm_matvec_q8_avx2 {per / best['q8'] / 1e9:.2f} GB/s, read {per / best['read'] / 1e9:.2f} GB/s")
 

@@ -1,7 +1,7 @@
 /*
  * asm/aarch64/matmul_q0_neon.S -- q8_0 / q4_0 batched prefill products (matmul), AArch64 Advanced SIMD:
  * gpt2asm_matmul_{q8_0,q4_0}_neon (base ARMv8.0) and _dotprod (FEAT_DotProd sdot by element).
- * docs/kernels-q0.md is the contract, tests/q0ref.py its numpy model: every (token, output) gets exactly
+ * docs/kernels.md "q8_0 / q4_0" is the contract, tests/q0ref.py its numpy model: every (token, output) gets exactly
  * the operation sequence (and so the bits) of gpt2asm_matvec_<kind>_<isa> on that token's row:
  *     acc = +0.0;  for b in order:  s = exact int32 block sum;  t = xd[b] * dw;  acc = fma((float)s, t, acc)
  *     y = acc + bias (fadd, acc first; y = acc without a bias)

@@ -1,6 +1,6 @@
 /*
  * asm/aarch64/matmul_q0_sme2.S -- q8_0 / q4_0 batched prefill products with SME int8 outer products:
- * gpt2asm_matmul_{q8_0,q4_0}_sme2.  docs/kernels-q0.md is the contract, tests/q0ref.py its numpy model;
+ * gpt2asm_matmul_{q8_0,q4_0}_sme2.  docs/kernels.md "q8_0 / q4_0" is the contract, tests/q0ref.py its numpy model;
  * every (token, output) gets the bits of gpt2asm_matvec_<kind>_{neon,dotprod,sme2} on that token's row:
  *     acc = +0.0;  for b in order:  s = exact int32 block sum;  t = xd[b] * dw;  acc = fma((float)s, t, acc)
  *     y = acc + bias (one fadd, acc first; y = acc without a bias)
@@ -232,7 +232,7 @@ endfunc
  *                               size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,
  *                               size_t n_in, size_t tile_begin, size_t tile_end);
  * void gpt2asm_matmul_q4_0_sme2(the same);
- *   as gpt2asm_matmul_<kind>_neon (docs/kernels-q0.md).
+ *   as gpt2asm_matmul_<kind>_neon (docs/kernels.md "q8_0 / q4_0").
  */
         matmul_q0_sme2 q8_0, REC_Q8
         matmul_q0_sme2 q4_0, REC_Q4

@@ -1,7 +1,7 @@
 /*
  * asm/aarch64/matvec_q0_neon.S -- q8_0 / q4_0 matrix-vector products (decode), AArch64 Advanced SIMD:
  * gpt2asm_matvec_{q8_0,q4_0}_neon (base ARMv8.0: smull/addp/sadalp) and _dotprod (FEAT_DotProd: sdot by
- * element).  docs/kernels-q0.md is the contract (layouts, per-output sequence), tests/q0ref.py its
+ * element).  docs/kernels.md "q8_0 / q4_0" is the contract (layouts, per-output sequence), tests/q0ref.py its
  * numpy model; this file is one macro body per weight type, the two ISAs differing only in the integer
  * dot product of one 16-byte weight vector (4 outputs x 4 consecutive inputs) with one group of 4
  * quantized inputs.
@@ -243,7 +243,7 @@ endfunc
  * void gpt2asm_matvec_q4_0_<isa>(the same);                                        isa: neon, dotprod
  *
  *   y[o] for 64 tile_begin <= o < 64 tile_end by the sequence above; w: the tiled records
- *   (docs/kernels-q0.md), 64-byte aligned; xq[n_in], xd[n_in / 32], b (NULL or absolute outputs), y:
+ *   (docs/kernels.md "q8_0 / q4_0"), 64-byte aligned; xq[n_in], xd[n_in / 32], b (NULL or absolute outputs), y:
  *   any alignment.  Reads only the records of tiles tile_begin .. tile_end-1.
  */
         matvec_q0 q8_0, neon, 0, REC_Q8

@@ -1,13 +1,13 @@
 /*
  * asm/aarch64/matvec_q0_sme2.S -- q8_0 / q4_0 matrix-vector products (decode) with SME2 multi-vector
- * int8 dot products into ZA: gpt2asm_matvec_{q8_0,q4_0}_sme2.  docs/kernels-q0.md is the contract,
+ * int8 dot products into ZA: gpt2asm_matvec_{q8_0,q4_0}_sme2.  docs/kernels.md "q8_0 / q4_0" is the contract,
  * tests/q0ref.py its numpy model; the outputs are the bits of gpt2asm_matvec_<kind>_{neon,dotprod}:
  *     acc = +0.0;  for b in order:  s = exact int32 block sum;  t = xd[b] * dw;  acc = fma((float)s, t, acc)
  *     y = acc + bias (one fadd, acc first; y = acc without a bias)
  *
  * How (SVL_B = streaming vector bytes, V = SVL_B / 4 lanes of 32 bits; NC = 256 / (4 SVL_B) = 1, 2, 4 at
  * SVL 512, 256, 128 -- one code path each):
- *   a group g of a record (256 bytes: 64 outputs x 4 consecutive inputs, docs/kernels-q0.md) is NC
+ *   a group g of a record (256 bytes: 64 outputs x 4 consecutive inputs, docs/kernels.md "q8_0 / q4_0") is NC
  *   4-register multi-vector loads; `sdot za.s[w11, k, vgx4], {z0.b-z3.b}, z4.b[g]` adds, for each 32-bit
  *   lane (one output), the dot of its 4 weights with xq's group g (element g of each 128-bit segment
  *   of z4 = xq[0..15] replicated by ld1rqb; z5 = xq[16..31] for groups 4-7) into ZA array vectors k,
@@ -249,7 +249,7 @@ endfunc
  * void gpt2asm_matvec_q8_0_sme2(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
  *                               float *y, size_t n_in, size_t tile_begin, size_t tile_end);
  * void gpt2asm_matvec_q4_0_sme2(the same);
- *   as gpt2asm_matvec_<kind>_neon (docs/kernels-q0.md): reads only the records of tiles
+ *   as gpt2asm_matvec_<kind>_neon (docs/kernels.md "q8_0 / q4_0"): reads only the records of tiles
  *   tile_begin .. tile_end-1, xq[0 .. n_in), xd[0 .. nb), b[64 tile_begin .. 64 tile_end) if b != NULL;
  *   writes y[64 tile_begin .. 64 tile_end) only.
  */

@@ -1,6 +1,6 @@
 /*
  * asm/aarch64/quant_neon.S -- the run-time activation quantizer of the q8_0 / q4_0 kernels, AArch64
- * Advanced SIMD (base ARMv8.0).  docs/kernels-q0.md is the contract, tests/q0ref.py its numpy model.
+ * Advanced SIMD (base ARMv8.0).  docs/kernels.md "q8_0 / q4_0" is the contract, tests/q0ref.py its numpy model.
  *
  * One block of 32 inputs per iteration, branch-free:
  *     ld1 x 8 quads;  bic of the sign bits;  smax tree + smaxv  (the bits as int32: NaN > +inf > finite)

@@ -10,26 +10,23 @@
 #include "math_avx2.h"
 
 /*
- * void gpt2asm_expf_f32_avx2(const float *x, float *y, size_t n);
- *
- *   y[i] = expf_c(x[i])                                         (y may equal x)
+ * eltwise_avx2 op, x1, y0, y1
+ *   The body of an elementwise kernel y[i] = f(x[i]) (rdi x, rsi y, rdx n; y may equal x), 16 elements per
+ *   iteration: x in ymm0 and ymm\x1, `\op 0` and `\op 1` compute f of each into ymm\y0 and ymm\y1 (with
+ *   ymm14 = -104, ymm15 = 89, %r11 = math_avx2); the last 1..15 elements under masks (ymm12, ymm13).
  */
-function gpt2asm_expf_f32_avx2
+        .macro  eltwise_avx2 op, x1, y0, y1
         movrel      %r11, math_avx2
         vmovaps     KV_MIN(%r11), %ymm14
         vmovaps     KV_MAX(%r11), %ymm15
-        movq        %rdx, %r8
-        andq        $-16, %r8                       // n16
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rdx, %r8, 16, 2f                   // n16, i = 0
 1:
         vmovups       (%rdi,%rax,4), %ymm0
-        vmovups     32(%rdi,%rax,4), %ymm1
-        expf_c_avx2 2, 0, 0, 3, 4, 5, 14, 15, %r11
-        expf_c_avx2 6, 1, 1, 7, 8, 9, 14, 15, %r11
-        vmovups     %ymm2,   (%rsi,%rax,4)
-        vmovups     %ymm6, 32(%rsi,%rax,4)
+        vmovups     32(%rdi,%rax,4), %ymm\x1
+        \op         0
+        \op         1
+        vmovups     %ymm\y0,   (%rsi,%rax,4)
+        vmovups     %ymm\y1, 32(%rsi,%rax,4)
         addq        $16, %rax
         cmpq        %r8, %rax
         jb          1b
@@ -40,14 +37,32 @@ function gpt2asm_expf_f32_avx2
         subq        %r8, %rcx
         tail_masks_avx2 12, 13, %rcx, %r11
         vmaskmovps    (%rdi,%rax,4), %ymm12, %ymm0
-        tail_load_hi %rcx, 13, 1, 32(%rdi,%rax,4)
-        expf_c_avx2 2, 0, 0, 3, 4, 5, 14, 15, %r11
-        expf_c_avx2 6, 1, 1, 7, 8, 9, 14, 15, %r11
-        vmaskmovps  %ymm2, %ymm12,   (%rsi,%rax,4)
-        tail_store_hi %rcx, 6, 13, 32(%rsi,%rax,4)
+        tail_load_hi %rcx, 13, \x1, 32(%rdi,%rax,4)
+        \op         0
+        \op         1
+        vmaskmovps  %ymm\y0, %ymm12,   (%rsi,%rax,4)
+        tail_store_hi %rcx, \y1, 13, 32(%rsi,%rax,4)
 3:
         vzeroupper
         ret
+        .endm
+
+        /* expf_c of ymm0 into ymm2 (k = 0), of ymm1 into ymm6 (k = 1) */
+        .macro  expf_half_avx2 k
+        .if \k == 0
+        expf_c_avx2 2, 0, 0, 3, 4, 5, 14, 15, %r11
+        .else
+        expf_c_avx2 6, 1, 1, 7, 8, 9, 14, 15, %r11
+        .endif
+        .endm
+
+/*
+ * void gpt2asm_expf_f32_avx2(const float *x, float *y, size_t n);
+ *
+ *   y[i] = expf_c(x[i])                                         (y may equal x)
+ */
+function gpt2asm_expf_f32_avx2
+        eltwise_avx2 expf_half_avx2, 1, 2, 6
 endfunc
 
 /*
@@ -67,6 +82,15 @@ endfunc
         vdivps      %ymm\e, %ymm\x, %ymm\y          // y = x / (1 + e)
         .endm
 
+        /* gelu of ymm0 into ymm5 (k = 0), of ymm6 into ymm11 (k = 1) */
+        .macro  gelu_half_avx2 k
+        .if \k == 0
+        gelu_avx2   5,  0, 1, 2, 3,  4,  5
+        .else
+        gelu_avx2   11, 6, 7, 8, 9, 10, 11
+        .endif
+        .endm
+
 /*
  * void gpt2asm_gelu_f32_avx2(const float *x, float *y, size_t n);
  *
@@ -74,39 +98,7 @@ endfunc
  *                                                               (y may equal x)
  */
 function gpt2asm_gelu_f32_avx2
-        movrel      %r11, math_avx2
-        vmovaps     KV_MIN(%r11), %ymm14
-        vmovaps     KV_MAX(%r11), %ymm15
-        movq        %rdx, %r8
-        andq        $-16, %r8                       // n16
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
-1:
-        vmovups       (%rdi,%rax,4), %ymm0
-        vmovups     32(%rdi,%rax,4), %ymm6
-        gelu_avx2   5,  0, 1, 2, 3,  4,  5
-        gelu_avx2   11, 6, 7, 8, 9, 10, 11
-        vmovups     %ymm5,    (%rsi,%rax,4)
-        vmovups     %ymm11, 32(%rsi,%rax,4)
-        addq        $16, %rax
-        cmpq        %r8, %rax
-        jb          1b
-2:
-        cmpq        %rdx, %r8
-        je          3f
-        movq        %rdx, %rcx
-        subq        %r8, %rcx
-        tail_masks_avx2 12, 13, %rcx, %r11
-        vmaskmovps    (%rdi,%rax,4), %ymm12, %ymm0
-        tail_load_hi %rcx, 13, 6, 32(%rdi,%rax,4)
-        gelu_avx2   5,  0, 1, 2, 3,  4,  5
-        gelu_avx2   11, 6, 7, 8, 9, 10, 11
-        vmaskmovps  %ymm5,  %ymm12,   (%rsi,%rax,4)
-        tail_store_hi %rcx, 11, 13, 32(%rsi,%rax,4)
-3:
-        vzeroupper
-        ret
+        eltwise_avx2 gelu_half_avx2, 6, 5, 11
 endfunc
 
 /*

@@ -59,18 +59,9 @@ function gpt2asm_argmax_f32_avx2
         vmovaps     %ymm0, %ymm1
         vmovaps     %ymm0, %ymm2
         vmovaps     %ymm0, %ymm3
-        vpxor       %ymm4, %ymm4, %ymm4
-        vpxor       %ymm5, %ymm5, %ymm5
-        vpxor       %ymm6, %ymm6, %ymm6
-        vpxor       %ymm7, %ymm7, %ymm7
-        vpxor       %ymm8, %ymm8, %ymm8
-        vpxor       %ymm10, %ymm10, %ymm10
+        vclear  vpxor, ymm, 4, 5, 6, 7, 8, 10
         vpbroadcastd KA_32(%r11), %ymm9
-        movq        %rsi, %r8
-        andq        $-32, %r8                       // n32
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rsi, %r8, 32, 2f                   // n32, i = 0
 1:
         vmovups       (%rdi,%rax,4), %ymm11
         vmovups     32(%rdi,%rax,4), %ymm12
@@ -125,12 +116,7 @@ function gpt2asm_argmax_f32_avx2
         vmaxps      %ymm1, %ymm0, %ymm11            // the maximum (no NaN left: any order)
         vmaxps      %ymm3, %ymm2, %ymm12
         vmaxps      %ymm12, %ymm11, %ymm11
-        vextractf128 $1, %ymm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0x4e, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0xb1, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
+        vhfold  vmaxps, 11, 12, ext=vextractf128, shuf=vpermilps
         vbroadcastss %xmm11, %ymm11                 // m
         vpcmpeqd    %ymm13, %ymm13, %ymm13          // UINT32_MAX
         vcmpps      $0, %ymm11, %ymm0, %ymm15       // lanes holding m (-0.0 == +0.0)
@@ -144,12 +130,7 @@ function gpt2asm_argmax_f32_avx2
         vpminud     %ymm1, %ymm0, %ymm0             // the smallest index
         vpminud     %ymm3, %ymm2, %ymm2
         vpminud     %ymm2, %ymm0, %ymm0
-        vextracti128 $1, %ymm0, %xmm1
-        vpminud     %xmm1, %xmm0, %xmm0
-        vpshufd     $0x4e, %xmm0, %xmm1
-        vpminud     %xmm1, %xmm0, %xmm0
-        vpshufd     $0xb1, %xmm0, %xmm1
-        vpminud     %xmm1, %xmm0, %xmm0
+        vhfold  vpminud, 0, 1
         vmovd       %xmm0, %eax                     // zero-extended into rax
         vzeroupper
         ret

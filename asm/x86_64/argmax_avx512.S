@@ -52,18 +52,9 @@ function gpt2asm_argmax_f32_avx512
         vmovaps     %zmm0, %zmm1
         vmovaps     %zmm0, %zmm2
         vmovaps     %zmm0, %zmm3
-        vpxord      %zmm4, %zmm4, %zmm4
-        vpxord      %zmm5, %zmm5, %zmm5
-        vpxord      %zmm6, %zmm6, %zmm6
-        vpxord      %zmm7, %zmm7, %zmm7
-        vpxord      %zmm8, %zmm8, %zmm8
-        vpxord      %zmm10, %zmm10, %zmm10
+        vclear  vpxord, zmm, 4, 5, 6, 7, 8, 10
         vpbroadcastd KB_64(%r11), %zmm9
-        movq        %rsi, %r8
-        andq        $-64, %r8                       // n64
-        xorl        %eax, %eax                      // i
-        testq       %r8, %r8
-        jz          2f
+        whole_loop  %rsi, %r8, 64, 2f                   // n64, i = 0
 1:
         vmovups        (%rdi,%rax,4), %zmm11
         vmovups      64(%rdi,%rax,4), %zmm12
@@ -120,12 +111,7 @@ function gpt2asm_argmax_f32_avx512
         vmaxps      %zmm12, %zmm11, %zmm11
         vextractf64x4 $1, %zmm11, %ymm12
         vmaxps      %ymm12, %ymm11, %ymm11
-        vextractf128 $1, %ymm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0x4e, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
-        vpermilps   $0xb1, %xmm11, %xmm12
-        vmaxps      %xmm12, %xmm11, %xmm11
+        vhfold  vmaxps, 11, 12, ext=vextractf128, shuf=vpermilps
         vbroadcastss %xmm11, %zmm11                 // m
         vpternlogd  $0xff, %zmm12, %zmm12, %zmm12   // UINT32_MAX
         vcmpps      $0, %zmm11, %zmm0, %k1          // lanes holding m (-0.0 == +0.0)
@@ -138,12 +124,7 @@ function gpt2asm_argmax_f32_avx512
         vpminud     %zmm7, %zmm12, %zmm12{%k4}
         vextracti64x4 $1, %zmm12, %ymm13
         vpminud     %ymm13, %ymm12, %ymm12
-        vextracti128 $1, %ymm12, %xmm13
-        vpminud     %xmm13, %xmm12, %xmm12
-        vpshufd     $0x4e, %xmm12, %xmm13
-        vpminud     %xmm13, %xmm12, %xmm12
-        vpshufd     $0xb1, %xmm12, %xmm13
-        vpminud     %xmm13, %xmm12, %xmm12
+        vhfold  vpminud, 12, 13
         vmovd       %xmm12, %eax                    // zero-extended into rax
         vzeroupper
         ret

@@ -113,11 +113,7 @@ function gpt2asm_attention_f32_avx512
         leaq        (%rdx,%rax), %rbp               // v_h
 
         /* scores, 16 positions per step; position p goes to zmm (p%4)*4 + p/4 */
-        movq        %r9, %r10
-        andq        $-16, %r10                      // n16
-        xorl        %eax, %eax                      // t
-        testq       %r10, %r10
-        jz          3f
+        whole_loop  %r9, %r10, 16, 3f                   // n16, t = 0
 2:
         dotpos_avx512  0, %r15,  0*256
         dotpos_avx512  4, %r15,  1*256
@@ -173,10 +169,7 @@ function gpt2asm_attention_f32_avx512
         softmax_avx512 %r8, %r8, %r9, %r11, %rax, %r10, %rbx
 
         /* o = sum_t p_t v_t */
-        vpxord      %zmm0, %zmm0, %zmm0
-        vpxord      %zmm1, %zmm1, %zmm1
-        vpxord      %zmm2, %zmm2, %zmm2
-        vpxord      %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3
         movq        %rbp, %rax                      // v_h[t]
         xorl        %r10d, %r10d                    // t
         movq        %r9, %rbx
@@ -185,14 +178,8 @@ function gpt2asm_attention_f32_avx512
 5:
         vbroadcastss  (%r8,%r10,4), %zmm4           // p_t
         vbroadcastss 4(%r8,%r10,4), %zmm5           // p_t+1
-        vfmadd231ps   0(%rax), %zmm4, %zmm0         // o = fma(p_t, v_t, o)
-        vfmadd231ps  64(%rax), %zmm4, %zmm1
-        vfmadd231ps 128(%rax), %zmm4, %zmm2
-        vfmadd231ps 192(%rax), %zmm4, %zmm3
-        vfmadd231ps 256(%rax), %zmm5, %zmm0
-        vfmadd231ps 320(%rax), %zmm5, %zmm1
-        vfmadd231ps 384(%rax), %zmm5, %zmm2
-        vfmadd231ps 448(%rax), %zmm5, %zmm3
+        vmemop3 vfmadd231ps, %zmm4, %rax, 0, 64, zmm, 0,1,2,3  // o = fma(p_t, v_t, o)
+        vmemop3 vfmadd231ps, %zmm5, %rax, 256, 64, zmm, 0,1,2,3
         addq        $512, %rax
         addq        $2, %r10
         decq        %rbx
@@ -201,18 +188,12 @@ function gpt2asm_attention_f32_avx512
         testb       $1, %r9b
         jz          7f
         vbroadcastss (%r8,%r10,4), %zmm4
-        vfmadd231ps   0(%rax), %zmm4, %zmm0
-        vfmadd231ps  64(%rax), %zmm4, %zmm1
-        vfmadd231ps 128(%rax), %zmm4, %zmm2
-        vfmadd231ps 192(%rax), %zmm4, %zmm3
+        vmemop3 vfmadd231ps, %zmm4, %rax, 0, 64, zmm, 0,1,2,3
 7:
         movq        %r13, %rax
         shlq        $8, %rax
         addq        (%rsp), %rax                    // out_h
-        vmovups     %zmm0,   0(%rax)
-        vmovups     %zmm1,  64(%rax)
-        vmovups     %zmm2, 128(%rax)
-        vmovups     %zmm3, 192(%rax)
+        vstore  %rax, 0, 64, zmm, 0,1,2,3
         leaq        15(%r9), %rax
         andq        $-16, %rax
         leaq        (%r8,%rax,4), %r8               // the next head's scratch row

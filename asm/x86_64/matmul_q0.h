@@ -195,7 +195,7 @@
         movq    F_PANEL(%rbp), %r12             // the token block's panel
         xorl    %r10d, %r10d                    // t
         movq    %rcx, %r15                      // tokens left
-        vpbroadcastd MQ_K80(%rbx), %ymm1
+        vpbroadcastd Q0_K80(%rbx), %ymm1
         vpxor   %xmm0, %xmm0, %xmm0
 .Lpk_tok\@:
         movq    %r10, %rdx
@@ -214,10 +214,7 @@
         movl    %eax, (%rsi)
         vpxor   %ymm1, %ymm2, %ymm2             // xq + 128
         vpsadbw %ymm0, %ymm2, %ymm2
-        vextracti128 $1, %ymm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
-        vpshufd $0x4e, %xmm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
+        vhfold  vpaddq, 2, 3, qw=1
         vmovd   %xmm2, %eax                     // sum(xq) + 4096
         negl    %eax
         addl    $4096, %eax

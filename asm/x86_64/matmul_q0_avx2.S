@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/matmul_q0_avx2.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX2 and AVX-VNNI (ymm).
  *
- * docs/kernels-q0.md; the blocking and the activation panel are matmul_q0.h's.  Register block: 6 tokens
+ * docs/kernels.md "q8_0 / q4_0"; the blocking and the activation panel are matmul_q0.h's.  Register block: 6 tokens
  * x 8 outputs (one ymm): the 6 int32 block sums in ymm0-5, the 6 fp32 sums in ymm6-11.  Per record and
  * sub-tile, each group's 32 weight bytes are loaded and made into the dot operand once (ymm12; q4_0:
  * low / high nibbles in ymm12 / ymm13), then for each token its 4 quantized inputs are broadcast
@@ -20,23 +20,11 @@
  * ymm14 X (then xd), ymm15 products; rbx constants.
  */
 #include "asm.S"
+#include "q0_const.h"
 
 #define MQ_TB 6
 #define MQ_VL 32
-        .set    MQ_ONES, 0                      // int16 1
-        .set    MQ_K80, 32                      // bytes 0x80
-        .set    MQ_M0F, 64                      // bytes 0x0f
-const q0_mm_avx2, 6
-        .rept   16
-        .short  1
-        .endr
-        .rept   32
-        .byte   0x80
-        .endr
-        .rept   32
-        .byte   0x0f
-        .endr
-endconst
+        q0_const q0_mm_avx2, 32
 
         .macro  mq_consts
         movrel  %rbx, q0_mm_avx2
@@ -112,7 +100,7 @@ endconst
         vpbroadcastd 32*\t+4*\g(%rax), %ymm14
         vpsignb 128+256*\g(%rdi), %ymm14, %ymm13        // X * sign(w)
         vpmaddubsw %ymm13, %ymm12, %ymm13
-        vpmaddwd MQ_ONES(%rbx), %ymm13, %ymm13
+        vpmaddwd Q0_ONES(%rbx), %ymm13, %ymm13
         vpaddd  %ymm13, %ymm\i, %ymm\i
         .endm
 
@@ -135,7 +123,7 @@ endconst
         each_tok \mt, corr_i
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vmovdqa 128+256*\g(%rdi), %ymm12
-        vpxor   MQ_K80(%rbx), %ymm12, %ymm12
+        vpxor   Q0_K80(%rbx), %ymm12, %ymm12
         each_tok \mt, q8v_tok, \g
         .endr
         flt     \mt
@@ -145,8 +133,8 @@ endconst
         .macro  nibbles g
         vmovdqa 128+256*\g(%rdi), %ymm12
         vpsrlw  $4, %ymm12, %ymm13
-        vpand   MQ_M0F(%rbx), %ymm12, %ymm12
-        vpand   MQ_M0F(%rbx), %ymm13, %ymm13
+        vpand   Q0_M0F(%rbx), %ymm12, %ymm12
+        vpand   Q0_M0F(%rbx), %ymm13, %ymm13
         .endm
 
         .macro  q4m_tok t, i, f, g
@@ -159,7 +147,7 @@ endconst
         .endm
 
         .macro  q4m_fin t, i, f, a
-        vpmaddwd MQ_ONES(%rbx), %ymm\i, %ymm\i
+        vpmaddwd Q0_ONES(%rbx), %ymm\i, %ymm\i
         vpbroadcastd MQ_CO+4*\t(%rax), %ymm14
         vpaddd  %ymm14, %ymm\i, %ymm\i
         .endm
@@ -197,7 +185,7 @@ endconst
  *                               const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
  *                               size_t tile_begin, size_t tile_end);
  *   for every token t < n_tokens and output o of tiles tile_begin .. tile_end-1: y[t*ldy + o] = the
- *   matvec's y[o] on xq + t*ldq, xd + t*ldd (docs/kernels-q0.md).  xq in -127..127 (sign trick).
+ *   matvec's y[o] on xq + t*ldq, xd + t*ldd (docs/kernels.md "q8_0 / q4_0").  xq in -127..127 (sign trick).
  */
         .macro  mq_blk mt
         q8_avx2_blk \mt

@@ -19,30 +19,20 @@
  * zmm18 X / xd, zmm19 products, zmm20 X * sign(w) / (float)s, zmm21 zero, zmm22 int16 ones, k1 signs.
  */
 #include "asm.S"
+#include "q0_const.h"
 
 #define MQ_TB 8
 #define MQ_VL 64
-        .set    MQ_ONES, 0                      // int16 1 (two per dword)
-        .set    MQ_K80, 4                       // bytes 0x80
-        .set    MQ_M0F, 8                       // bytes 0x0f
-const q0_mm_avx512, 4
-        .long   0x00010001, 0x80808080, 0x0f0f0f0f, 0
-endconst
+        q0_const q0_mm_avx512, 64
 
         .macro  mq_consts
         movrel  %rbx, q0_mm_avx512
-        vpbroadcastd MQ_ONES(%rbx), %zmm22
+        vpbroadcastd Q0_ONES(%rbx), %zmm22
         vpxord  %zmm21, %zmm21, %zmm21
         .endm
 
         .macro  mq_exit
-        vpxord  %zmm16, %zmm16, %zmm16
-        vpxord  %zmm17, %zmm17, %zmm17
-        vpxord  %zmm18, %zmm18, %zmm18
-        vpxord  %zmm19, %zmm19, %zmm19
-        vpxord  %zmm20, %zmm20, %zmm20
-        vpxord  %zmm21, %zmm21, %zmm21
-        vpxord  %zmm22, %zmm22, %zmm22
+        vclear  vpxord, zmm, 16, 17, 18, 19, 20, 21, 22
         vzeroupper
         ret
         .endm
@@ -139,7 +129,7 @@ endconst
         each_tok \mt, corr_i
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vmovdqa64 128+256*\g(%rdi), %zmm16
-        vpxord  MQ_K80(%rbx){1to16}, %zmm16, %zmm16     // w + 128, unsigned
+        vpxord  Q0_K80(%rbx){1to16}, %zmm16, %zmm16     // w + 128, unsigned
         each_tok \mt, q8v_tok, \g
         .endr
         flt     \mt
@@ -148,8 +138,8 @@ endconst
         .macro  nibbles g
         vmovdqa64 128+256*\g(%rdi), %zmm16
         vpsrlw  $4, %zmm16, %zmm17
-        vpandd  MQ_M0F(%rbx){1to16}, %zmm16, %zmm16
-        vpandd  MQ_M0F(%rbx){1to16}, %zmm17, %zmm17
+        vpandd  Q0_M0F(%rbx){1to16}, %zmm16, %zmm16
+        vpandd  Q0_M0F(%rbx){1to16}, %zmm17, %zmm17
         .endm
 
         .macro  q4m_tok t, i, f, g

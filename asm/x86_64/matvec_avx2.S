@@ -62,24 +62,10 @@
         .macro  store_tile
         testq   %rdx, %rdx
         jz      8f
-        vaddps    0(%rdx), %ymm0, %ymm0
-        vaddps   32(%rdx), %ymm1, %ymm1
-        vaddps   64(%rdx), %ymm2, %ymm2
-        vaddps   96(%rdx), %ymm3, %ymm3
-        vaddps  128(%rdx), %ymm4, %ymm4
-        vaddps  160(%rdx), %ymm5, %ymm5
-        vaddps  192(%rdx), %ymm6, %ymm6
-        vaddps  224(%rdx), %ymm7, %ymm7
+        vmemop  vaddps, %rdx, 0, 32, ymm, 0,1,2,3,4,5,6,7
         addq    $256, %rdx
 8:
-        vmovups %ymm0,    0(%rcx)
-        vmovups %ymm1,   32(%rcx)
-        vmovups %ymm2,   64(%rcx)
-        vmovups %ymm3,   96(%rcx)
-        vmovups %ymm4,  128(%rcx)
-        vmovups %ymm5,  160(%rcx)
-        vmovups %ymm6,  192(%rcx)
-        vmovups %ymm7,  224(%rcx)
+        vstore  %rcx, 0, 32, ymm, 0,1,2,3,4,5,6,7
         addq    $256, %rcx
         .endm
 
@@ -91,14 +77,7 @@
         prefetcht0 MATVEC_PF_DIST+\off+128(%rdi)
         prefetcht0 MATVEC_PF_DIST+\off+192(%rdi)
 #endif
-        vfmadd231ps \off+0(%rdi),   \xb, %ymm0
-        vfmadd231ps \off+32(%rdi),  \xb, %ymm1
-        vfmadd231ps \off+64(%rdi),  \xb, %ymm2
-        vfmadd231ps \off+96(%rdi),  \xb, %ymm3
-        vfmadd231ps \off+128(%rdi), \xb, %ymm4
-        vfmadd231ps \off+160(%rdi), \xb, %ymm5
-        vfmadd231ps \off+192(%rdi), \xb, %ymm6
-        vfmadd231ps \off+224(%rdi), \xb, %ymm7
+        vmemop3 vfmadd231ps, \xb, %rdi, \off+0, 32, ymm, 0,1,2,3,4,5,6,7
         .endm
 
         /* one fp16 row (128 bytes): widen 8 halves at a time exactly, then the same FMAs */
@@ -107,22 +86,8 @@
         prefetcht0 MATVEC_PF_DIST+\off(%rdi)
         prefetcht0 MATVEC_PF_DIST+\off+64(%rdi)
 #endif
-        vcvtph2ps   \off+0(%rdi),   %ymm12
-        vcvtph2ps   \off+16(%rdi),  %ymm13
-        vcvtph2ps   \off+32(%rdi),  %ymm14
-        vcvtph2ps   \off+48(%rdi),  %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm0
-        vfmadd231ps %ymm13, \xb, %ymm1
-        vfmadd231ps %ymm14, \xb, %ymm2
-        vfmadd231ps %ymm15, \xb, %ymm3
-        vcvtph2ps   \off+64(%rdi),  %ymm12
-        vcvtph2ps   \off+80(%rdi),  %ymm13
-        vcvtph2ps   \off+96(%rdi),  %ymm14
-        vcvtph2ps   \off+112(%rdi), %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm4
-        vfmadd231ps %ymm13, \xb, %ymm5
-        vfmadd231ps %ymm14, \xb, %ymm6
-        vfmadd231ps %ymm15, \xb, %ymm7
+        vwidenfma4  f16, ymm, %rdi, \off+0, 16, \xb, 0, 1, 2, 3
+        vwidenfma4  f16, ymm, %rdi, \off+64, 16, \xb, 4, 5, 6, 7
         .endm
 
         /* the whole kernel body for one weight type: \row is row_f32 or row_f16, \rs the row size in

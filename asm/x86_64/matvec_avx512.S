@@ -48,15 +48,9 @@
 
         /* acc = +0.0 for \nt tiles (1 or 2) */
         .macro  zero_acc nt
-        vpxord  %zmm0, %zmm0, %zmm0
-        vpxord  %zmm1, %zmm1, %zmm1
-        vpxord  %zmm2, %zmm2, %zmm2
-        vpxord  %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3
         .if \nt == 2
-        vpxord  %zmm4, %zmm4, %zmm4
-        vpxord  %zmm5, %zmm5, %zmm5
-        vpxord  %zmm6, %zmm6, %zmm6
-        vpxord  %zmm7, %zmm7, %zmm7
+        vclear  vpxord, zmm, 4, 5, 6, 7
         .endif
         .endm
 
@@ -65,27 +59,15 @@
         .macro  store_acc nt
         testq   %rdx, %rdx
         jz      8f
-        vaddps    0(%rdx), %zmm0, %zmm0
-        vaddps   64(%rdx), %zmm1, %zmm1
-        vaddps  128(%rdx), %zmm2, %zmm2
-        vaddps  192(%rdx), %zmm3, %zmm3
+        vmemop  vaddps, %rdx, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vaddps  256(%rdx), %zmm4, %zmm4
-        vaddps  320(%rdx), %zmm5, %zmm5
-        vaddps  384(%rdx), %zmm6, %zmm6
-        vaddps  448(%rdx), %zmm7, %zmm7
+        vmemop  vaddps, %rdx, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %rdx
 8:
-        vmovups %zmm0,    0(%rcx)
-        vmovups %zmm1,   64(%rcx)
-        vmovups %zmm2,  128(%rcx)
-        vmovups %zmm3,  192(%rcx)
+        vstore  %rcx, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vmovups %zmm4,  256(%rcx)
-        vmovups %zmm5,  320(%rcx)
-        vmovups %zmm6,  384(%rcx)
-        vmovups %zmm7,  448(%rcx)
+        vstore  %rcx, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %rcx
         .endm
@@ -93,37 +75,17 @@
         /* one fp32 row of \nt tiles: acc[k] = fma(w[t][row][16k .. 16k+15], xb, acc[k]);
          * tile t's row at \off(%rdi), tile t+1's at \off(%rax) */
         .macro  row_f32 off, xb, nt
-        vfmadd231ps \off+0(%rdi),         \xb, %zmm0
-        vfmadd231ps \off+64(%rdi),        \xb, %zmm1
-        vfmadd231ps \off+128(%rdi),       \xb, %zmm2
-        vfmadd231ps \off+192(%rdi),       \xb, %zmm3
+        vmemop3 vfmadd231ps, \xb, %rdi, \off+0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vfmadd231ps \off+0(%rax),         \xb, %zmm4
-        vfmadd231ps \off+64(%rax),        \xb, %zmm5
-        vfmadd231ps \off+128(%rax),       \xb, %zmm6
-        vfmadd231ps \off+192(%rax),       \xb, %zmm7
+        vmemop3 vfmadd231ps, \xb, %rax, \off+0, 64, zmm, 4,5,6,7
         .endif
         .endm
 
         /* one fp16 row (128 bytes per tile): widen 16 halves at a time exactly, then the same FMAs */
         .macro  row_f16 off, xb, nt
-        vcvtph2ps   \off+0(%rdi),         %zmm12
-        vcvtph2ps   \off+32(%rdi),        %zmm13
-        vcvtph2ps   \off+64(%rdi),        %zmm14
-        vcvtph2ps   \off+96(%rdi),        %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm0
-        vfmadd231ps %zmm13, \xb, %zmm1
-        vfmadd231ps %zmm14, \xb, %zmm2
-        vfmadd231ps %zmm15, \xb, %zmm3
+        vwidenfma4  f16, zmm, %rdi, \off+0, 32, \xb, 0, 1, 2, 3
         .if \nt == 2
-        vcvtph2ps   \off+0(%rax),         %zmm12
-        vcvtph2ps   \off+32(%rax),        %zmm13
-        vcvtph2ps   \off+64(%rax),        %zmm14
-        vcvtph2ps   \off+96(%rax),        %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm4
-        vfmadd231ps %zmm13, \xb, %zmm5
-        vfmadd231ps %zmm14, \xb, %zmm6
-        vfmadd231ps %zmm15, \xb, %zmm7
+        vwidenfma4  f16, zmm, %rax, \off+0, 32, \xb, 4, 5, 6, 7
         .endif
         .endm
 

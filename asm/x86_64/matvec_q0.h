@@ -6,7 +6,7 @@
  *     \blk        one record (64 outputs x 32 inputs: the int32 sums, then acc = fma((float)s, t, acc))
  *     q0_store    y = acc + b (or acc when b is NULL) for the tile's 64 outputs, from rcx / r8
  *
- * The block correction (docs/kernels-q0.md, "x86-64"): kernels whose dot instruction needs an unsigned
+ * The block correction (docs/kernels.md "q8_0 / q4_0", "x86-64"): kernels whose dot instruction needs an unsigned
  * operand and that feed it a biased one (q4_0's nibbles u = w + 8; VNNI q8_0's w ^ 0x80 = w + 128) get
  * sum_i u_i * xq_i = s + c * sum_i xq_i with c = 8 or 128; the driver stores -c * sum(xq of block b)
  * (exact int32) for every block once per call in an aligned stack table, and the block macro starts
@@ -58,10 +58,7 @@
         jae     3f
         vpxor   (%rax), %ymm1, %ymm2            // xq + 128 (unsigned)
         vpsadbw %ymm0, %ymm2, %ymm2             // 4 qwords: sums of 8
-        vextracti128 $1, %ymm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
-        vpshufd $0x4e, %xmm2, %xmm3
-        vpaddq  %xmm3, %xmm2, %xmm2
+        vhfold  vpaddq, 2, 3, qw=1
         vmovd   %xmm2, %r12d                    // sum(xq) + 4096
         negl    %r12d
         addl    $4096, %r12d                    // -sum(xq)

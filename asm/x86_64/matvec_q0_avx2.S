@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/matvec_q0_avx2.S -- q8_0 / q4_0 decode (matrix-vector) kernels, AVX2 and AVX-VNNI (ymm).
  *
- * docs/kernels-q0.md (layouts, the per-output sequence; numpy model tests/q0ref.py, matvec).  The weights
+ * docs/kernels.md "q8_0 / q4_0" (layouts, the per-output sequence; numpy model tests/q0ref.py, matvec).  The weights
  * stream once, record after record (tile t, block b: 64 fp16 scales, then the ints); the activations
  * come quantized (xq int8, xd fp32 per block of 32).  The 64 fp32 sums of a tile live in ymm8-15 for
  * the whole stream.  Each record is taken in two halves of 32 outputs (the record's bytes
@@ -27,21 +27,9 @@
  * ymm4-7 a half's int32 (q4_0 avx2: int16) sums, ymm8-15 the tile's fp32 sums; rbx the constants.
  */
 #include "asm.S"
+#include "q0_const.h"
 
-        .set    Q0_ONES, 0                      // int16 1
-        .set    Q0_K80, 32                      // bytes 0x80
-        .set    Q0_M0F, 64                      // bytes 0x0f
-const q0_mv_avx2, 6
-        .rept   16
-        .short  1
-        .endr
-        .rept   32
-        .byte   0x80
-        .endr
-        .rept   32
-        .byte   0x0f
-        .endr
-endconst
+        q0_const q0_mv_avx2, 32
 
         .macro  q0_consts
         movrel  %rbx, q0_mv_avx2
@@ -59,23 +47,9 @@ endconst
         .macro  q0_store
         testq   %rcx, %rcx
         jz      1f
-        vaddps    0(%rcx), %ymm8, %ymm8         // y = acc + b
-        vaddps   32(%rcx), %ymm9, %ymm9
-        vaddps   64(%rcx), %ymm10, %ymm10
-        vaddps   96(%rcx), %ymm11, %ymm11
-        vaddps  128(%rcx), %ymm12, %ymm12
-        vaddps  160(%rcx), %ymm13, %ymm13
-        vaddps  192(%rcx), %ymm14, %ymm14
-        vaddps  224(%rcx), %ymm15, %ymm15
+        vmemop  vaddps, %rcx, 0, 32, ymm, 8,9,10,11,12,13,14,15  // y = acc + b
 1:
-        vmovups %ymm8,    0(%r8)
-        vmovups %ymm9,   32(%r8)
-        vmovups %ymm10,  64(%r8)
-        vmovups %ymm11,  96(%r8)
-        vmovups %ymm12, 128(%r8)
-        vmovups %ymm13, 160(%r8)
-        vmovups %ymm14, 192(%r8)
-        vmovups %ymm15, 224(%r8)
+        vstore  %r8, 0, 32, ymm, 8,9,10,11,12,13,14,15
         .endm
 
 #include "matvec_q0.h"
@@ -119,10 +93,7 @@ endconst
         .macro  q8s_half h
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %ymm0
-        q8s_vec 128+256*\g+128*\h, 4, \g
-        q8s_vec 128+256*\g+128*\h+32, 5, \g
-        q8s_vec 128+256*\g+128*\h+64, 6, \g
-        q8s_vec 128+256*\g+128*\h+96, 7, \g
+        each_off q8s_vec, 128+256*\g+128*\h, 32, \g, 4, 5, 6, 7
         .endr
         flt_half \h
         .endm
@@ -150,10 +121,7 @@ endconst
         init_corr
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %ymm0
-        q8v_vec 128+256*\g+128*\h, 4
-        q8v_vec 128+256*\g+128*\h+32, 5
-        q8v_vec 128+256*\g+128*\h+64, 6
-        q8v_vec 128+256*\g+128*\h+96, 7
+        each_off q8v_vec, 128+256*\g+128*\h, 32, , 4, 5, 6, 7
         .endr
         flt_half \h
         .endm
@@ -189,10 +157,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %ymm0
         vpbroadcastd 4*\g+16(%rax), %ymm1
-        q4m_vec 128+256*\g+128*\h, 4, \g
-        q4m_vec 128+256*\g+128*\h+32, 5, \g
-        q4m_vec 128+256*\g+128*\h+64, 6, \g
-        q4m_vec 128+256*\g+128*\h+96, 7, \g
+        each_off q4m_vec, 128+256*\g+128*\h, 32, \g, 4, 5, 6, 7
         .endr
         vpbroadcastd (%rsp,%r11,4), %ymm0       // -8 * sum(xq of the block)
         .irp    i, 4, 5, 6, 7
@@ -218,10 +183,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %ymm0
         vpbroadcastd 4*\g+16(%rax), %ymm1
-        q4v_vec 128+256*\g+128*\h, 4
-        q4v_vec 128+256*\g+128*\h+32, 5
-        q4v_vec 128+256*\g+128*\h+64, 6
-        q4v_vec 128+256*\g+128*\h+96, 7
+        each_off q4v_vec, 128+256*\g+128*\h, 32, , 4, 5, 6, 7
         .endr
         flt_half \h
         .endm

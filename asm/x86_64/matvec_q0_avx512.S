@@ -2,7 +2,7 @@
  * asm/x86_64/matvec_q0_avx512.S -- q8_0 / q4_0 decode (matrix-vector) kernels, AVX-512 BW and
  * AVX-512 VNNI (zmm).
  *
- * The sequence of matvec_q0_avx2.S (docs/kernels-q0.md; numpy model tests/q0ref.py, matvec), a whole
+ * The sequence of matvec_q0_avx2.S (docs/kernels.md "q8_0 / q4_0"; numpy model tests/q0ref.py, matvec), a whole
  * record per pass: the tile's 64 fp32 sums in zmm0-3, the record's 64 int32 block sums in zmm4-7 (one
  * 64-byte line of a group = 16 outputs x 4 inputs = one zmm), so a record streams front to back.  Per
  * group g, X = xq[32b+4g .. +3] broadcast as a dword:
@@ -20,23 +20,16 @@
  * temps, zmm12 int16 ones, k1 signs; rbx the constants.
  */
 #include "asm.S"
+#include "q0_const.h"
 
-        .set    Q0_ONES, 0                      // int16 1 (two per dword)
-        .set    Q0_K80, 4                       // bytes 0x80
-        .set    Q0_M0F, 8                       // bytes 0x0f
-const q0_mv_avx512, 4
-        .long   0x00010001, 0x80808080, 0x0f0f0f0f, 0
-endconst
+        q0_const q0_mv_avx512, 64
 
         .macro  q0_consts
         movrel  %rbx, q0_mv_avx512
         .endm
 
         .macro  q0_zero
-        vpxord  %zmm0, %zmm0, %zmm0
-        vpxord  %zmm1, %zmm1, %zmm1
-        vpxord  %zmm2, %zmm2, %zmm2
-        vpxord  %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3
         .endm
 
         .macro  q0_exit
@@ -47,15 +40,9 @@ endconst
         .macro  q0_store
         testq   %rcx, %rcx
         jz      1f
-        vaddps    0(%rcx), %zmm0, %zmm0         // y = acc + b
-        vaddps   64(%rcx), %zmm1, %zmm1
-        vaddps  128(%rcx), %zmm2, %zmm2
-        vaddps  192(%rcx), %zmm3, %zmm3
+        vmemop  vaddps, %rcx, 0, 64, zmm, 0,1,2,3  // y = acc + b
 1:
-        vmovups %zmm0,   0(%r8)
-        vmovups %zmm1,  64(%r8)
-        vmovups %zmm2, 128(%r8)
-        vmovups %zmm3, 192(%r8)
+        vstore  %r8, 0, 64, zmm, 0,1,2,3
         .endm
 
 #include "matvec_q0.h"
@@ -104,10 +91,7 @@ endconst
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %zmm8
         vpsubb  %zmm8, %zmm13, %zmm9            // -X (xq != -128)
-        q8s_vec 128+256*\g, 4, \g
-        q8s_vec 128+256*\g+64, 5, \g
-        q8s_vec 128+256*\g+128, 6, \g
-        q8s_vec 128+256*\g+192, 7, \g
+        each_off q8s_vec, 128+256*\g, 64, \g, 4, 5, 6, 7
         .endr
         flt_rec
         .endm
@@ -122,10 +106,7 @@ endconst
         init_corr
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %zmm8
-        q8v_vec 128+256*\g, 4
-        q8v_vec 128+256*\g+64, 5
-        q8v_vec 128+256*\g+128, 6
-        q8v_vec 128+256*\g+192, 7
+        each_off q8v_vec, 128+256*\g, 64, , 4, 5, 6, 7
         .endr
         flt_rec
         .endm
@@ -154,10 +135,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %zmm8
         vpbroadcastd 4*\g+16(%rax), %zmm9
-        q4m_vec 128+256*\g, 4, \g
-        q4m_vec 128+256*\g+64, 5, \g
-        q4m_vec 128+256*\g+128, 6, \g
-        q4m_vec 128+256*\g+192, 7, \g
+        each_off q4m_vec, 128+256*\g, 64, \g, 4, 5, 6, 7
         .endr
         vpbroadcastd Q0_ONES(%rbx), %zmm12
         .irp    i, 4, 5, 6, 7
@@ -178,10 +156,7 @@ endconst
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %zmm8
         vpbroadcastd 4*\g+16(%rax), %zmm9
-        q4v_vec 128+256*\g, 4
-        q4v_vec 128+256*\g+64, 5
-        q4v_vec 128+256*\g+128, 6
-        q4v_vec 128+256*\g+192, 7
+        each_off q4v_vec, 128+256*\g, 64, , 4, 5, 6, 7
         .endr
         flt_rec
         .endm

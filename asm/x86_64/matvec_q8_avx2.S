@@ -40,30 +40,8 @@
 #if Q8_PF_DIST
         prefetcht0 Q8_PF_DIST+\off(%rdi)
 #endif
-        vpmovsxbd   \off+0(%rdi),  %ymm12
-        vpmovsxbd   \off+8(%rdi),  %ymm13
-        vpmovsxbd   \off+16(%rdi), %ymm14
-        vpmovsxbd   \off+24(%rdi), %ymm15
-        vcvtdq2ps   %ymm12, %ymm12
-        vcvtdq2ps   %ymm13, %ymm13
-        vcvtdq2ps   %ymm14, %ymm14
-        vcvtdq2ps   %ymm15, %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm0
-        vfmadd231ps %ymm13, \xb, %ymm1
-        vfmadd231ps %ymm14, \xb, %ymm2
-        vfmadd231ps %ymm15, \xb, %ymm3
-        vpmovsxbd   \off+32(%rdi), %ymm12
-        vpmovsxbd   \off+40(%rdi), %ymm13
-        vpmovsxbd   \off+48(%rdi), %ymm14
-        vpmovsxbd   \off+56(%rdi), %ymm15
-        vcvtdq2ps   %ymm12, %ymm12
-        vcvtdq2ps   %ymm13, %ymm13
-        vcvtdq2ps   %ymm14, %ymm14
-        vcvtdq2ps   %ymm15, %ymm15
-        vfmadd231ps %ymm12, \xb, %ymm4
-        vfmadd231ps %ymm13, \xb, %ymm5
-        vfmadd231ps %ymm14, \xb, %ymm6
-        vfmadd231ps %ymm15, \xb, %ymm7
+        vwidenfma4  i8, ymm, %rdi, \off+0, 8, \xb, 0, 1, 2, 3
+        vwidenfma4  i8, ymm, %rdi, \off+32, 8, \xb, 4, 5, 6, 7
         .endm
 
 /*
@@ -124,35 +102,14 @@ function gpt2asm_matvec_q8_avx2
         decq    %r11
         jnz     4b
 5:                                              // rdi now points at the next tile
-        vmulps    0(%rsi), %ymm0, %ymm0         // p = acc * scale
-        vmulps   32(%rsi), %ymm1, %ymm1
-        vmulps   64(%rsi), %ymm2, %ymm2
-        vmulps   96(%rsi), %ymm3, %ymm3
-        vmulps  128(%rsi), %ymm4, %ymm4
-        vmulps  160(%rsi), %ymm5, %ymm5
-        vmulps  192(%rsi), %ymm6, %ymm6
-        vmulps  224(%rsi), %ymm7, %ymm7
+        vmemop  vmulps, %rsi, 0, 32, ymm, 0,1,2,3,4,5,6,7  // p = acc * scale
         addq    $256, %rsi
         testq   %rcx, %rcx
         jz      8f
-        vaddps    0(%rcx), %ymm0, %ymm0         // y = p + b
-        vaddps   32(%rcx), %ymm1, %ymm1
-        vaddps   64(%rcx), %ymm2, %ymm2
-        vaddps   96(%rcx), %ymm3, %ymm3
-        vaddps  128(%rcx), %ymm4, %ymm4
-        vaddps  160(%rcx), %ymm5, %ymm5
-        vaddps  192(%rcx), %ymm6, %ymm6
-        vaddps  224(%rcx), %ymm7, %ymm7
+        vmemop  vaddps, %rcx, 0, 32, ymm, 0,1,2,3,4,5,6,7  // y = p + b
         addq    $256, %rcx
 8:
-        vmovups %ymm0,    0(%r8)
-        vmovups %ymm1,   32(%r8)
-        vmovups %ymm2,   64(%r8)
-        vmovups %ymm3,   96(%r8)
-        vmovups %ymm4,  128(%r8)
-        vmovups %ymm5,  160(%r8)
-        vmovups %ymm6,  192(%r8)
-        vmovups %ymm7,  224(%r8)
+        vstore  %r8, 0, 32, ymm, 0,1,2,3,4,5,6,7
         addq    $256, %r8
         decq    %rax
         jnz     1b

@@ -25,46 +25,29 @@
 
         /* one int8 row of \nt tiles (64 bytes each, tile t at \off(%rdi), tile t+1 at \off(%rax)) */
         .macro  row_q8 off, xb, nt
-        vpmovsxbd   \off+0(%rdi),  %zmm12
-        vpmovsxbd   \off+16(%rdi), %zmm13
-        vpmovsxbd   \off+32(%rdi), %zmm14
-        vpmovsxbd   \off+48(%rdi), %zmm15
-        vcvtdq2ps   %zmm12, %zmm12
-        vcvtdq2ps   %zmm13, %zmm13
-        vcvtdq2ps   %zmm14, %zmm14
-        vcvtdq2ps   %zmm15, %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm0
-        vfmadd231ps %zmm13, \xb, %zmm1
-        vfmadd231ps %zmm14, \xb, %zmm2
-        vfmadd231ps %zmm15, \xb, %zmm3
+        vwidenfma4  i8, zmm, %rdi, \off+0, 16, \xb, 0, 1, 2, 3
         .if \nt == 2
-        vpmovsxbd   \off+0(%rax),  %zmm12
-        vpmovsxbd   \off+16(%rax), %zmm13
-        vpmovsxbd   \off+32(%rax), %zmm14
-        vpmovsxbd   \off+48(%rax), %zmm15
-        vcvtdq2ps   %zmm12, %zmm12
-        vcvtdq2ps   %zmm13, %zmm13
-        vcvtdq2ps   %zmm14, %zmm14
-        vcvtdq2ps   %zmm15, %zmm15
-        vfmadd231ps %zmm12, \xb, %zmm4
-        vfmadd231ps %zmm13, \xb, %zmm5
-        vfmadd231ps %zmm14, \xb, %zmm6
-        vfmadd231ps %zmm15, \xb, %zmm7
+        vwidenfma4  i8, zmm, %rax, \off+0, 16, \xb, 4, 5, 6, 7
         .endif
+        .endm
+
+        /* past \rows rows: rdi (and rax) by 64 bytes a row, the x cursor r10 by 4; again while --r11 */
+        .macro  next_rows nt, rows, again
+        addq    $64*\rows, %rdi
+        .if \nt == 2
+        addq    $64*\rows, %rax
+        .endif
+        addq    $4*\rows, %r10
+        decq    %r11
+        jnz     \again
         .endm
 
         /* all n_in rows of \nt tiles from rdi (and rax); leaves rdi (rax) past the last row */
         .macro  tile_rows nt
         .if \nt == 2
-        vpxord  %zmm4, %zmm4, %zmm4
-        vpxord  %zmm5, %zmm5, %zmm5
-        vpxord  %zmm6, %zmm6, %zmm6
-        vpxord  %zmm7, %zmm7, %zmm7
+        vclear  vpxord, zmm, 4, 5, 6, 7
         .endif
-        vpxord  %zmm0, %zmm0, %zmm0             // acc = +0.0
-        vpxord  %zmm1, %zmm1, %zmm1
-        vpxord  %zmm2, %zmm2, %zmm2
-        vpxord  %zmm3, %zmm3, %zmm3
+        vclear  vpxord, zmm, 0, 1, 2, 3         // acc = +0.0
         movq    %rdx, %r10                      // x cursor
         movq    %r9, %r11
         shrq    $2, %r11                        // n_in / 4 blocks of 4 rows
@@ -79,13 +62,7 @@
         row_q8  64,  %zmm9,  \nt
         row_q8  128, %zmm10, \nt
         row_q8  192, %zmm11, \nt
-        addq    $256, %rdi
-        .if \nt == 2
-        addq    $256, %rax
-        .endif
-        addq    $16, %r10
-        decq    %r11
-        jnz     2b
+        next_rows \nt, 4, 2b
 3:
         movq    %r9, %r11
         andq    $3, %r11                        // n_in % 4 rows left
@@ -93,52 +70,28 @@
 4:
         vbroadcastss  0(%r10), %zmm8
         row_q8  0, %zmm8, \nt
-        addq    $64, %rdi
-        .if \nt == 2
-        addq    $64, %rax
-        .endif
-        addq    $4, %r10
-        decq    %r11
-        jnz     4b
+        next_rows \nt, 1, 4b
 5:
         .endm
 
         /* p = acc * scale; y = p + b (or p) for \nt tiles; advance scale, b, y past them */
         .macro  store_acc nt
-        vmulps    0(%rsi), %zmm0, %zmm0
-        vmulps   64(%rsi), %zmm1, %zmm1
-        vmulps  128(%rsi), %zmm2, %zmm2
-        vmulps  192(%rsi), %zmm3, %zmm3
+        vmemop  vmulps, %rsi, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vmulps  256(%rsi), %zmm4, %zmm4
-        vmulps  320(%rsi), %zmm5, %zmm5
-        vmulps  384(%rsi), %zmm6, %zmm6
-        vmulps  448(%rsi), %zmm7, %zmm7
+        vmemop  vmulps, %rsi, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %rsi
         testq   %rcx, %rcx
         jz      8f
-        vaddps    0(%rcx), %zmm0, %zmm0
-        vaddps   64(%rcx), %zmm1, %zmm1
-        vaddps  128(%rcx), %zmm2, %zmm2
-        vaddps  192(%rcx), %zmm3, %zmm3
+        vmemop  vaddps, %rcx, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vaddps  256(%rcx), %zmm4, %zmm4
-        vaddps  320(%rcx), %zmm5, %zmm5
-        vaddps  384(%rcx), %zmm6, %zmm6
-        vaddps  448(%rcx), %zmm7, %zmm7
+        vmemop  vaddps, %rcx, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %rcx
 8:
-        vmovups %zmm0,    0(%r8)
-        vmovups %zmm1,   64(%r8)
-        vmovups %zmm2,  128(%r8)
-        vmovups %zmm3,  192(%r8)
+        vstore  %r8, 0, 64, zmm, 0,1,2,3
         .if \nt == 2
-        vmovups %zmm4,  256(%r8)
-        vmovups %zmm5,  320(%r8)
-        vmovups %zmm6,  384(%r8)
-        vmovups %zmm7,  448(%r8)
+        vstore  %r8, 256, 64, zmm, 4,5,6,7
         .endif
         addq    $256*\nt, %r8
         .endm

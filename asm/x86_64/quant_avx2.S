@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/quant_avx2.S -- the run-time activation quantizer of the q8_0 / q4_0 kernels, AVX2.
  *
- * docs/kernels-q0.md, "Activations" (numpy model: tests/q0ref.py, quantize_act).  One block of 32
+ * docs/kernels.md "q8_0 / q4_0", "Activations" (numpy model: tests/q0ref.py, quantize_act).  One block of 32
  * inputs per iteration, scalar decisions per block:
  *     amax = max of (bits(x_i) & 0x7fffffff) as int32    vpand + vpmaxsd, then a 128/64/32-bit tree
  *     d    = amax / 127.0f                               vdivss (one correctly rounded division)
@@ -50,12 +50,7 @@ function gpt2asm_quantize_q8_0_avx2
         vpmaxsd %ymm5, %ymm4, %ymm4
         vpmaxsd %ymm7, %ymm6, %ymm6
         vpmaxsd %ymm6, %ymm4, %ymm4
-        vextracti128 $1, %ymm4, %xmm5
-        vpmaxsd %xmm5, %xmm4, %xmm4
-        vpshufd $0x4e, %xmm4, %xmm5
-        vpmaxsd %xmm5, %xmm4, %xmm4
-        vpshufd $0xb1, %xmm4, %xmm5
-        vpmaxsd %xmm5, %xmm4, %xmm4                     // amax (as a float: NaN > inf > finite)
+        vhfold  vpmaxsd, 4, 5                           // amax (as a float: NaN > inf > finite)
         vdivss  %xmm13, %xmm4, %xmm5                    // d = amax / 127
         vmovss  %xmm5, (%rdx)
         vmovd   %xmm5, %r8d

@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/quant_avx512.S -- the run-time activation quantizer of the q8_0 / q4_0 kernels, AVX-512F.
  *
- * The sequence of quant_avx2.S (docs/kernels-q0.md, "Activations"), two zmm per block of 32 inputs:
+ * The sequence of quant_avx2.S (docs/kernels.md "q8_0 / q4_0", "Activations"), two zmm per block of 32 inputs:
  *     amax = max of (bits(x_i) & 0x7fffffff) as int32    vpandd + vpmaxsd, then a 256/128/64/32-bit tree
  *     d    = amax / 127.0f (vdivss);  xd[b] = d
  *     d not normal or not finite -> xq = 0;  else id = 1.0f / d (vdivss), q_i = vcvtps2dq(x_i * id)
@@ -35,12 +35,7 @@ function gpt2asm_quantize_q8_0_avx512
         vpmaxsd %zmm3, %zmm2, %zmm2
         vextracti64x4 $1, %zmm2, %ymm3
         vpmaxsd %ymm3, %ymm2, %ymm2
-        vextracti128 $1, %ymm2, %xmm3
-        vpmaxsd %xmm3, %xmm2, %xmm2
-        vpshufd $0x4e, %xmm2, %xmm3
-        vpmaxsd %xmm3, %xmm2, %xmm2
-        vpshufd $0xb1, %xmm2, %xmm3
-        vpmaxsd %xmm3, %xmm2, %xmm2                     // amax
+        vhfold  vpmaxsd, 2, 3                           // amax
         vdivss  4(%rax), %xmm2, %xmm3                   // d = amax / 127
         vmovss  %xmm3, (%rdx)
         vmovd   %xmm3, %r8d

@@ -21,14 +21,7 @@ function gpt2asm_readbw_f32_avx2
         jz      2f
         .p2align 4
 1:
-        vaddps    0(%rdi), %ymm0, %ymm0
-        vaddps   32(%rdi), %ymm1, %ymm1
-        vaddps   64(%rdi), %ymm2, %ymm2
-        vaddps   96(%rdi), %ymm3, %ymm3
-        vaddps  128(%rdi), %ymm4, %ymm4
-        vaddps  160(%rdi), %ymm5, %ymm5
-        vaddps  192(%rdi), %ymm6, %ymm6
-        vaddps  224(%rdi), %ymm7, %ymm7
+        vmemop  vaddps, %rdi, 0, 32, ymm, 0,1,2,3,4,5,6,7
         addq    $256, %rdi
         decq    %rsi
         jnz     1b

@@ -1,0 +1,37 @@
+/*
+ * asm/x86_64/q0_const.h -- the constants of the q8_0 / q4_0 kernels (matvec_q0_*.S, matmul_q0_*.S).
+ *
+ *   q0_const NAME, VL    a read-only block NAME: int16 ones at Q0_ONES, bytes 0x80 at Q0_K80, bytes 0x0f at
+ *                        Q0_M0F; VL = 32: whole ymm vectors (128 bytes), VL = 64: one dword each, for
+ *                        {1to16} / vpbroadcastd (16 bytes).
+ */
+#ifndef GPT2ASM_X86_Q0_CONST_H
+#define GPT2ASM_X86_Q0_CONST_H
+
+        .macro  q0_const name, vl
+        .if \vl == 32
+        .set    Q0_ONES, 0                      // int16 1
+        .set    Q0_K80, 32                      // bytes 0x80
+        .set    Q0_M0F, 64                      // bytes 0x0f
+const \name, 6
+        .rept   16
+        .short  1
+        .endr
+        .rept   32
+        .byte   0x80
+        .endr
+        .rept   32
+        .byte   0x0f
+        .endr
+endconst
+        .else
+        .set    Q0_ONES, 0                      // int16 1 (two per dword)
+        .set    Q0_K80, 4                       // bytes 0x80
+        .set    Q0_M0F, 8                       // bytes 0x0f
+const \name, 4
+        .long   0x00010001, 0x80808080, 0x0f0f0f0f, 0
+endconst
+        .endif
+        .endm
+
+#endif /* GPT2ASM_X86_Q0_CONST_H */
