@@ -67,7 +67,8 @@ class Plan:
 
     Every array a job points at is validated here (dtype, contiguity, size, alignment where required)
     and kept alive by the plan; the per-step parameters (token, position) are checked by set_step.
-    Build: add jobs (matvec, qkv_attention, attention, the row jobs), grouped into named spans, then
+    Build: add jobs (matvec, qkv_attention, attention, the row jobs; q8_0 / q4_0 records run the q0 jobs,
+    their prefill rows quantized by rows_quantize), grouped into named spans, then
     build(); a built plan is immutable apart from set_step / set_rows.
     """
 

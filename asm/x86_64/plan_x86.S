@@ -25,6 +25,11 @@
  * kernels over the PL_NTOK rows, one tile per call, with the GELU / residual epilogues per row; with
  * FL_KV the k and v tiles of c_attn go straight into the caches at rows pos ..).
  *
+ * q8_0 / q4_0 (FL_Q0, KIND_ROWQUANT; docs/kernels.md "q8_0 / q4_0 jobs"): the job carries the addresses of
+ * the kernel variants Python chose (J_QFN the activation quantizer, J_FN the q0 matvec / matmul), called
+ * indirectly: MATVEC / QKV quantize their input into the thread's private area in the prologue, MATMUL
+ * reads rows quantized by a ROWQUANT job (J_X / J_LDX bytes, J_XD / J_LDD).
+ *
  * Waiting: spin on the word with `pause` for ctx.spin_ticks TSC ticks (calling sched_yield between
  * rounds after ctx.yield_ticks), then park with a futex on it (pool_park / pool_wake / pool_yield below
  * are the only OS-specific code: Linux system calls; a macOS __ulock variant is provided untested).  A thread that parks first increments a sleeper count next to the word; the
