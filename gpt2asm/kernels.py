@@ -196,12 +196,22 @@ class Kernels:
         return q0_variant(self.family)
 
     def _q0_symbols(self) -> dict[str, str] | None:
-        """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any."""
-        v = self._q0_variant()
-        qisa = "avx512" if v.startswith("avx512") else "avx2"
-        names = {"quantize": f"gpt2asm_quantize_q8_0_{qisa}"}
-        names.update({f"{op}_{kind}": f"gpt2asm_{op}_{kind}_{v}" for op in ("matvec", "matmul")
-                      for kind in ("q8_0", "q4_0")})
+        """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any.
+        x86: the family's variant (_q0_variant) for every op, the quantizer of its width.  AArch64 (used
+        once Q0_PLAN_FAMILIES has the Arm families): neon's quantizer, cpu.q0_isa's best neon variant per
+        op ($GPT2ASM_ARM_Q0 caps it), or the sme2 matvec / matmul for the sme2 family (as ArmQ0)."""
+        kinds = ("q8_0", "q4_0")
+        if ARCH == "aarch64":
+            from .cpu import q0_isa
+            isa = ({op: "sme2" for op in ("matvec", "matmul")} if self.family == "sme2" else
+                   {op: q0_isa(op, self.lib) for op in ("matvec", "matmul")})
+            names = {"quantize": "gpt2asm_quantize_q8_0_neon"}
+            names.update({f"{op}_{k}": f"gpt2asm_{op}_{k}_{isa[op]}" for op in isa for k in kinds})
+        else:
+            v = self._q0_variant()
+            qisa = "avx512" if v.startswith("avx512") else "avx2"
+            names = {"quantize": f"gpt2asm_quantize_q8_0_{qisa}"}
+            names.update({f"{op}_{k}": f"gpt2asm_{op}_{k}_{v}" for op in ("matvec", "matmul") for k in kinds})
         return names if all(hasattr(self.lib, n) for n in names.values()) else None
 
     def _address(self, name: str) -> int:

@@ -208,6 +208,25 @@ def test_gguf_gives_the_dtype_bits(ckpt_tiny, tmp_path, ftype, dtype):
         assert np.array_equal(bits(a.logits(ids)), bits(b.logits(ids)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_resident_copies_give_the_same_bits(ckpt_tiny, families, dtype, monkeypatch):
+    """The step and prefill plans rebuilt on the packed resident copies of the records: the same logits."""
+    monkeypatch.setenv("GPT2ASM_RESIDENT", "1")
+    with GPT2.load(ckpt_tiny, dtype=dtype, isa=families[-1], threads=2) as m:
+        res = m.model.resident
+        ids = prompt(6, 17)
+        st = m.model.new_state()
+        before = m.model.prefill(st, ids)[0].copy()
+        if res is None or res.reason:
+            pytest.skip(f"no resident copy here: {None if res is None else res.reason}")
+        res.wait(60)
+        st = m.model.new_state()
+        after = m.model.prefill(st, ids)[0]
+        assert res.adopted and m.model.w.layers[0].fc_w.dtype == np.uint8
+        assert np.array_equal(bits(after), bits(before))
+        assert np.array_equal(bits(cached_steps(m.model, ids)[0][-1]), bits(before))
+
+
 # --------------------------------------------------------------------------------------------------
 # the jobs' checks and the ROWQUANT job alone
 
