@@ -4,7 +4,7 @@ word serve: python -m gpt2asm -- serve ...).
 
 Compatible with the seed tool gpt2.s: -n, -t, -s, -j, -h (fp16; help is --help), -i.
 Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one fp32 scale per output row)
-| q8_0 | q4_0 (llama.cpp's blocks of 32; need the integer kernels). --model FILE.gguf: a GPT-2 GGUF.
+| q8_0 | q4_0 (llama.cpp's blocks of 32, integer dot products). --model FILE.gguf: a GPT-2 GGUF.
 Exit status: 0 done, 2 a user error (one message on stderr, no traceback), 130 interrupted (Ctrl-C; the
 stats line is still printed).
 """

@@ -108,8 +108,8 @@ class _TextStream:
 # ----------------------------------------------------------------------------------------------------
 
 def _check_kernels_for(dtype: str, kernels) -> None:
-    """q8_0 / q4_0 need the integer kernels and their plan jobs (docs/kernels.md, q8_0 / q4_0): until the library and
-    the plan have them (Kernels.has_q8_0 / has_q4_0), say so -- never fall back to another dtype."""
+    """q8_0 / q4_0 need the integer kernels and their plan jobs (docs/kernels.md, "q8_0 / q4_0"): a family
+    without them (Kernels.has_q8_0 / has_q4_0 False: kernels.Q0_PLAN_FAMILIES) says so -- never another dtype."""
     if dtype in Q0_DTYPES and not getattr(kernels, f"has_{dtype}", False):
         raise KernelUnavailableError(
             f"dtype {dtype!r} needs the integer kernels gpt2asm_quantize_q8_0 / gpt2asm_matvec_{dtype} / "
@@ -145,8 +145,8 @@ class GPT2:
 
         dtype 'f32', 'f16' (weight matrices stored as fp16), 'q8' (int8 weight matrices, one fp32 scale
         per output row: a quarter of the memory traffic, logits close to but not the bits of f32), 'q8_0'
-        or 'q4_0' (llama.cpp's blocks of 32; these need the integer kernels -- KernelUnavailableError until
-        the library and the plan have them); None = f32, or a GGUF's own type; isa a
+        or 'q4_0' (llama.cpp's blocks of 32 with integer dot products; KernelUnavailableError on a kernel
+        family whose plan executor does not run them); None = f32, or a GGUF's own type; isa a
         kernel family name or index (None = best available, or $GPT2ASM_ISA); threads share each matrix
         product (same output); kv the KV cache's dtype, 'f32' or 'f16' (None: f32 with f32 weights, f16
         with f16 and q8 -- half the bytes attention reads; logits close to an f32 cache's, not the same)."""

@@ -74,13 +74,13 @@ def test_encoder_uses_the_mirror():
     for name in ("KIND_MATVEC", "KIND_QKV", "KIND_ATTN", "KIND_MATMUL", "KIND_ROWLN", "KIND_ROWATTN",
                  "PRO_LN", "PRO_EMBED", "FL_F16", "FL_Q8", "EPI_GELU", "EPI_RESID", "EPI_ARGMAX", "FL_ROWS",
                  "FL_KV", "FL_KV16", "ROWATTN_ROWS", "CTX_SEQ", "CTX_SEQ_SLEEPERS", "CTX_NTHREADS",
-                 "CTX_SPIN", "CTX_YIELD", "CTX_PARKS"):
+                 "CTX_SPIN", "CTX_YIELD", "CTX_PARKS", "FL_Q0", "KIND_ROWQUANT"):
         assert getattr(encoder, name) == getattr(abi, name), name
     assert sorted(abi.KINDS.values()) == list(range(abi.KIND_COUNT))
     # a flag's mask is its bit
     for b, mask in (("B_PRO_LN", "PRO_LN"), ("B_PRO_EMBED", "PRO_EMBED"), ("B_F16", "FL_F16"),
                     ("B_Q8", "FL_Q8"), ("B_ROWS", "FL_ROWS"), ("B_KV", "FL_KV"), ("B_KV16", "FL_KV16"),
-                    ("B_EPI_GELU", "EPI_GELU")):
+                    ("B_EPI_GELU", "EPI_GELU"), ("B_Q0", "FL_Q0")):
         assert 1 << getattr(abi, b) == getattr(abi, mask), (b, mask)
 
 

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Greedy parity with Hugging Face transformers (PyTorch, fp32): prints ALL PASS or what differs.
 
-    python tools/verify.py --model DIR [--dtype f32|f16|q8] [--kv f32|f16] [-s ISA] [-j N]
+    python tools/verify.py --model DIR [--dtype f32|f16|q8|q8_0|q4_0] [--kv f32|f16] [-s ISA] [-j N]
 
 - 12 tokenizer cases: our ids must equal GPT2TokenizerFast's;
 - 4 prompts x 40 greedy tokens: our ids must equal GPT2LMHeadModel.generate's (fp32, greedy).
   Each prompt also reports the greedy agreement (tokens equal before the first difference, and at equal
   positions) and the max |logit error| over the prompt + transformers' 40 tokens: against transformers,
-  and for f16 / q8 against our own f32 logits (also relative to the f32 logits' standard deviation).
-  f32 and f16 must match exactly; q8 (int8 weights: the quantisation changes the logits by far more than
-  fp32 rounding) may legitimately pick other tokens, so for q8 the agreement is reported, not judged.
+  and for the other dtypes against our own f32 logits (also relative to the f32 logits' standard deviation).
+  f32 and f16 must match exactly; q8, q8_0 and q4_0 (quantised weights -- and for q8_0 / q4_0 activations:
+  the logits change by far more than fp32 rounding) may legitimately pick other tokens, so for them the
+  agreement is reported, not judged.
 Needs the test-only dependencies transformers and torch (`make test-deps`).
 """
 from __future__ import annotations
@@ -45,10 +46,10 @@ def hf_tokenizer(model_dir: Path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.environ.get("GPT2ASM_MODEL", "."), help="model directory")
-    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8"],
-                    help="weight dtype (q8: greedy agreement reported, not required)")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8", "q8_0", "q4_0"],
+                    help="weight dtype (q8, q8_0, q4_0: greedy agreement reported, not required)")
     ap.add_argument("--kv", default=None, choices=["f32", "f16"],
-                    help="KV cache dtype (default: f32 with f32 weights, f16 with f16 and q8)")
+                    help="KV cache dtype (default: f32 with f32 weights, f16 with the others)")
     ap.add_argument("-s", dest="isa", default=None, help="kernel family (default: best)")
     ap.add_argument("-j", dest="threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     ref = GPT2LMHeadModel.from_pretrained(str(d), dtype=torch.float32).eval()
-    strict = a.dtype != "q8"                            # q8: agreement is reported, not required
+    strict = a.dtype in ("f32", "f16")                  # quantised: agreement is reported, not required
     f32 = ours if a.dtype == "f32" else GPT2.load(d, dtype="f32", isa=a.isa, threads=a.threads)
     agree_total, worst_hf, worst_f32, worst_rel = 0, 0.0, 0.0, 0.0
     for i, p in enumerate(PROMPTS):
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
           f"difference); max|logit error| vs transformers {worst_hf:.3g}"
           + (f", vs our f32 {worst_f32:.3g} ({worst_rel:.3g} x logit std)" if a.dtype != "f32" else ""))
     if not strict:
-        print("(q8: the greedy tokens may differ from fp32's; reported, not judged)")
+        print(f"({a.dtype}: the greedy tokens may differ from fp32's; reported, not judged)")
     print("ALL PASS" if not failures else f"{failures} FAILED")
     return 0 if not failures else 1
 
