@@ -107,7 +107,7 @@ def check_rows(a, name: str, width: int, writable: bool = False, dtype=np.float3
     return a.shape[0], rs // es
 
 
-# q8_0 / q4_0 tiled records (docs/kernels-q0.md; gpt2asm/quant0.py): bytes per (tile, block) record
+# q8_0 / q4_0 tiled records (docs/kernels.md, q8_0 / q4_0; gpt2asm/quant0.py): bytes per (tile, block) record
 Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}
 Q0_QK = 32                      # inputs per block
 Q0_MAX_IN = 1 << 15             # the kernels' stack tables (q0kernels.Q0_MAX_IN)

@@ -1,4 +1,4 @@
-"""q8_0 / q4_0 models through the plan (issue 17; docs/kernels.md "q8_0 / q4_0 jobs", docs/kernels-q0.md).
+"""q8_0 / q4_0 models through the plan (issue 17; docs/kernels.md "q8_0 / q4_0 jobs" and the q8_0 / q4_0 contract).
 
 Contract 1 for the integer dtypes: one SHA-256 of the logits per (checkpoint, prompts, dtype) on every x86
 family the CPU has, with the VNNI and the plain kernel variants (GPT2ASM_Q0_PLAIN=1), at -j 1/2/3, by
