@@ -627,6 +627,8 @@ plan_jobs_\isa:
         kind_entry \isa, KIND_MATMUL, kind_matmul_\isa
         kind_entry \isa, KIND_ROWLN, kind_rowln_\isa
         kind_entry \isa, KIND_ROWATTN, kind_rowattn_\isa
+        kind_entry \isa, KIND_BATTN, .Lbarrier_\isa          /* not yet: the guard */
+        kind_entry \isa, KIND_ROWARGMAX, .Lbarrier_\isa      /* not yet: the guard */
         kind_entry \isa, KIND_COUNT, .Lbarrier_\isa
 
         /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them.  ARGMAX: each thread
