@@ -405,7 +405,7 @@ class Scheduler:
         m = self.m
         fused = m.n_sample == m.config.vocab_size
         view = logits[:m.n_sample]
-        tok = s.sampler(view, s.history, (lambda: argmax) if fused else None)
+        tok = s.sampler(view, s.history, argmax) if fused else s.sampler(view, s.history)
         s.history.append(tok)
         s.generated += 1
         self.tokens += 1
