@@ -201,3 +201,74 @@ def test_avx512_emulated_rows_equal_native(ckpt_tiny):
             native.close()
     finally:
         emu.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# the job kinds alone, against the checked kernels (odd sizes: 3 heads, n_ctx 37, 133 logits)
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("kv", [np.float32, np.float16])
+def test_battn_and_rowargmax_jobs(families, kv, threads):
+    from gpt2asm.kernels import Kernels
+    from gpt2asm.weights import aligned_zeros
+    L, H, T, R, B, n = 2, 3, 37, 8, 6, 133
+    rng = np.random.default_rng(21)
+    for fam in families:
+        k = Kernels(fam, threads)
+        if not k.has_batch:
+            k.close()
+            continue
+        p = k.new_plan()
+        p.row_table(R, (L, H, T), kv)
+        qkv = aligned_zeros((R, 3 * H * 64 + 16), np.float32)           # rows with a gap
+        qkv[:] = rng.standard_normal(qkv.shape).astype(np.float32)
+        out = aligned_zeros((R, H * 64), np.float32)
+        logits = aligned_zeros((R, 192), np.float32)
+        p.batch_attention(qkv, out, 1)
+        p.rows_argmax(logits, n)
+        p.build()
+        ks = [(rng.standard_normal((L, H, T, 64)) * 2).astype(kv) for _ in range(B)]
+        vs = [rng.standard_normal((L, H, T, 64)).astype(kv) for _ in range(B)]
+        ks = [np.ascontiguousarray(a) for a in ks]
+        vs = [np.ascontiguousarray(a) for a in vs]
+        pos = [0, T - 1, 5, 17, 1, 36][:B]
+        want_k, want_v = [a.copy() for a in ks], [a.copy() for a in vs]
+        for t in range(B):
+            want_k[t][1, :, pos[t]] = qkv[t, H * 64:2 * H * 64].reshape(H, 64).astype(kv)
+            want_v[t][1, :, pos[t]] = qkv[t, 2 * H * 64:3 * H * 64].reshape(H, 64).astype(kv)
+        rows = rng.standard_normal((B, n)).astype(np.float32)
+        rows[1, [7, 90]] = rows[1].max() + 1                           # a tie: the first wins
+        rows[2, 50] = np.nan
+        rows[3, -1] = np.inf
+        rows[4, :] = 0.0
+        rows[4, 3] = -0.0
+        rows[5, -1] = rows[5].max() + 1                                # the last output
+        logits[:B, :n] = rows
+        logits[:B, n:] = 1e30                                          # past n: never counts
+        p.set_batch([0] * B, pos, ks, vs)
+        p.run()
+        for t in range(B):
+            assert np.array_equal(bits(ks[t]), bits(want_k[t])), f"{fam} row {t}: k cache"
+            assert np.array_equal(bits(vs[t]), bits(want_v[t])), f"{fam} row {t}: v cache"
+            ref = k.attention(np.ascontiguousarray(qkv[t, :H * 64]), want_k[t][1], want_v[t][1], pos[t] + 1)
+            assert np.array_equal(bits(out[t]), bits(ref)), f"{fam} -j{threads} row {t}: attention"
+        want = [k.argmax(np.ascontiguousarray(rows[t])) for t in range(B)]
+        assert want[1] == 7 and want[2] is None and want[3] is None and want[4] == 0 and want[5] == n - 1
+        assert p.batch_argmax() == want
+        k.close()
+
+
+def test_124m_shape_rows_same_bits_as_alone(tokenizer_dir):
+    """The real widths: 12 heads (claims of heads that cross rows), 768 / 3072 inputs, the 786-tile head."""
+    from conftest import checkpoint
+    ck = checkpoint("124M-2layer", tokenizer_dir, size="124M", n_layer=2, seed=3)
+    for dtype, threads in (("f16", 3), ("q8", 2)):
+        with GPT2.load(ck, dtype=dtype, threads=threads) as m:
+            M = m.model
+            if not M.k.has_batch:
+                pytest.skip(f"{M.k.family}: no batched decode executor")
+            rng = np.random.default_rng(8)
+            batch, alone = twins(M, rng, 5)
+            toks = [int(t) for t in rng.integers(0, M.cfg.vocab_size, 5)]
+            lg, am = M.step_batch(batch, toks)
+            check_rows_equal_alone(M, batch, alone, toks, lg, am, f"124M shape {dtype} -j{threads}")
