@@ -381,21 +381,24 @@ class Plan:
             raise InvalidArgumentError("set_batch: one position and one k / v cache per token")
         toks = [token_id(t, self.max_token if self.max_token is not None else 1 << 62) for t in tokens]
         pos = [integer("position", p, 0, self.max_pos - 1) for p in positions]
-        spans = []
+        shape, dt, nbytes = self.cache_shape, self.cache_dtype, int(np.prod(self.cache_shape)) * self.cache_dtype.itemsize
+        ka, va = [], []
         for t, (k, v) in enumerate(zip(ks, vs)):
-            for name, a in (("k", k), ("v", v)):
-                check(a, f"row {t}: {name}", self.cache_dtype, writable=True)
-                if a.shape != self.cache_shape:
-                    raise InvalidArgumentError(f"row {t}: {name} cache of shape {a.shape}, expected {self.cache_shape}")
-                spans.append((addr(a), addr(a) + a.nbytes))
-        spans.sort()
-        if any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])):
+            for name, a, out in (("k", k, ka), ("v", v, va)):
+                if not (type(a) is np.ndarray and a.dtype == dt and a.shape == shape and a.flags.c_contiguous
+                        and a.flags.writeable):
+                    check(a, f"row {t}: {name}", dt, writable=True)           # the precise error, if any
+                    raise InvalidArgumentError(f"row {t}: {name} cache of shape {getattr(a, 'shape', None)}, "
+                                               f"expected {shape}")
+                out.append(a.__array_interface__["data"][0])
+        spans = sorted(ka + va)
+        if any(b - a < nbytes for a, b in zip(spans, spans[1:])):
             raise InvalidArgumentError("set_batch: two rows share a cache (every row needs its own State)")
         rt = self._rt
         rt[:B, _RT["token"]] = toks
         rt[:B, _RT["pos"]] = pos
-        rt[:B, _RT["k"]] = [addr(k) for k in ks]
-        rt[:B, _RT["v"]] = [addr(v) for v in vs]
+        rt[:B, _RT["k"]] = ka
+        rt[:B, _RT["v"]] = va
         rt[:B, _RT["argmax"]] = SIZE_MAX                    # until ROWARGMAX writes it
         self._batch_keep = (list(ks), list(vs))
         self.n_batch = B
