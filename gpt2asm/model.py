@@ -24,7 +24,14 @@ token: the step plan runs the rest of it and the LM head for the last token only
 step per token.
 The full-prefix forward (GPT2.logits) runs the same row plan, then LayerNorm f and the head over every row.
 
-The forward pass is written here once per plan shape (build_plan: the step; build_prefill_plan: rows);
+A batched decode step (step_batch, for the scheduler) steps B sequences in one call: a third plan, of row
+jobs over one row per sequence (build_batch_plan), whose row table gives each row its token, position
+and KV cache -- the matmul kernels read each weight tile once for all rows, and the batched attention
+job writes each row's key and value into its own cache and attends over it.  Each row the bits of its
+step alone.
+
+The forward pass is written here once per plan shape (build_plan: the step; build_prefill_plan: rows;
+build_batch_plan: a batched step);
 jobs are grouped into named spans (Plan.span: "layer", "kv", "head"), and prefill runs spans, never
 counted job indices.  The same computation as single kernel calls from Python, the reference the plans
 are tested against, is in tests/oracle.py.
