@@ -56,11 +56,14 @@
 #define PL_H_OFF            72      /* u64: offset of the LayerNorm output in a private area        */
 #define PL_E_OFF            80      /* u64: offset of the embedding copy of threads >= 1             */
 #define PL_S_OFF            88      /* u64: offset of the attention scratch                          */
-#define PL_NTOK             96      /* u64: rows of a prefill run (row jobs: items = J_N * PL_NTOK)  */
+#define PL_NTOK             96      /* u64: rows of a prefill / batch run (row jobs: items = J_N * PL_NTOK) */
 #define PL_KV_OFF           104     /* u64: offset of the k / v staging rows (FL_KV16: float32 rows of
                                        64, one for QKV, PL_NTOK for MATMUL+KV) in a private area      */
 #define PL_ARGMAX           112     /* u64: the ARGMAX job's slots (n_threads x ARGMAX_SLOT bytes), 0
                                        if none: gpt2asm_plan_step reduces them                        */
+/* batched decode (docs/kernels.md "Batched decode"): PL_NTOK = n_rows, the active rows of the run */
+#define PL_RTAB             120     /* u64: the row table, PL_NTOK entries of RT_SIZE bytes (0 if none):
+                                       BATTN, ROWARGMAX, ROWLN+PRO_EMBED                              */
 
 /* ---- job record (three read-only cache lines, then the counters' own line) ----------------------- */
 #define J_SIZE              256     /* bytes                                                           */
@@ -110,12 +113,18 @@
 #define KIND_ROWLN          4
 #define KIND_ROWATTN        5
 #define KIND_ROWQUANT       6       /* q8_0 / q4_0 prefill: rows of x -> xq / xd (PRO_LN: of LN(x))  */
-#define KIND_COUNT          7       /* kinds; the jump tables' guard entry                           */
+/* batched decode: one row per sequence, each with its own position and KV cache (the row table) */
+#define KIND_BATTN          7       /* ROWS, J_N = H: items = row x head; the row's k / v into its
+                                       cache at its position, then its attention                       */
+#define KIND_ROWARGMAX      8       /* ROWS, J_N = 1: items = rows; first maximum -> RT_ARGMAX     */
+#define KIND_COUNT          9       /* kinds; the jump tables' guard entry                           */
 
 /* ---- flags (J_FLAGS): bit numbers B_* (AArch64 tests bits) and masks (x86 tests masks) ------------ */
 #define B_PRO_LN            0       /* LayerNorm(J_X) -> private h; the matvec reads h               */
 #define B_PRO_EMBED         1       /* with PRO_LN: x = wte[token] + wpe[pos] first (thread 0 into PL_X,
                                        the others into a private copy that their LayerNorm reads)     */
+                                    /* ROWLN (with a row table): row t's x = wte[RT_TOKEN] + wpe[RT_POS]
+                                       first, into J_X + t*J_LDX, by the thread of row t               */
 #define B_F16               2       /* weights: binary16 (F16), int8 + J_SCALE (Q8), else binary32   */
 #define B_Q8                3
 #define B_EPI               4       /* bits 4-5: the epilogue (EPI_*)                                */
@@ -150,6 +159,15 @@
 #define AS_INDEX            0       /* u64: index of the thread's first maximum so far, SIZE_MAX: none */
 #define AS_VALUE            8       /* u32: its value (binary32)                                     */
 #define AS_BAD              12      /* u32: 1 once a NaN or an infinity was seen                     */
+
+/* ---- the row table of a batched decode run (at PL_RTAB; entry t = row t, t < PL_NTOK) ------------ */
+#define RT_SIZE             64      /* bytes per entry (64-byte aligned table: one line per row)     */
+#define RT_TOKEN            0       /* u64: the row's token id (Python checks < vocab)                */
+#define RT_POS              8       /* u64: its position (Python checks < n_ctx, the cache's too)   */
+#define RT_K                16      /* u64: its k cache [n_layer][H][n_ctx][64] (BATTN adds J_A0)   */
+#define RT_V                24      /* u64: its v cache (BATTN adds J_A1)                            */
+#define RT_ARGMAX           32      /* u64: written by ROWARGMAX: first maximum of the row's logits,
+                                       SIZE_MAX - 1 if one is NaN or +-inf (as gpt2asm_plan_step)   */
 
 /* ---- sizes shared with Python ------------------------------------------------------------------- */
 #define ROWATTN_ROWS        4       /* ROWATTN (x86): query rows per gpt2asm_attention_rows call; the
@@ -237,6 +255,7 @@ PLAN_FIELD(PL_S_OFF, u64, PL_HEADER, s_off)
 PLAN_FIELD(PL_NTOK, u64, PL_HEADER, n_tok)
 PLAN_FIELD(PL_KV_OFF, u64, PL_HEADER, kv_off)
 PLAN_FIELD(PL_ARGMAX, u64, PL_HEADER, argmax)
+PLAN_FIELD(PL_RTAB, u64, PL_HEADER, rtab)
 
 PLAN_VALUE(J_SIZE)
 PLAN_FIELD(J_KIND, u32, J_SIZE, kind)
@@ -276,6 +295,8 @@ PLAN_VALUE(KIND_MATMUL)
 PLAN_VALUE(KIND_ROWLN)
 PLAN_VALUE(KIND_ROWATTN)
 PLAN_VALUE(KIND_ROWQUANT)
+PLAN_VALUE(KIND_BATTN)
+PLAN_VALUE(KIND_ROWARGMAX)
 PLAN_VALUE(KIND_COUNT)
 
 PLAN_VALUE(B_PRO_LN)
@@ -311,6 +332,13 @@ PLAN_FIELD(AS_INDEX, u64, ARGMAX_SLOT, index)
 PLAN_FIELD(AS_VALUE, u32, ARGMAX_SLOT, value)
 PLAN_FIELD(AS_BAD, u32, ARGMAX_SLOT, bad)
 
+PLAN_VALUE(RT_SIZE)
+PLAN_FIELD(RT_TOKEN, u64, RT_SIZE, token)
+PLAN_FIELD(RT_POS, u64, RT_SIZE, pos)
+PLAN_FIELD(RT_K, u64, RT_SIZE, k)
+PLAN_FIELD(RT_V, u64, RT_SIZE, v)
+PLAN_FIELD(RT_ARGMAX, u64, RT_SIZE, argmax)
+
 PLAN_VALUE(ROWATTN_ROWS)
 
 #if defined(__ASSEMBLER__)
@@ -339,6 +367,9 @@ PLAN_VALUE(ROWATTN_ROWS)
         .endif
         .if PRO_MASK + FL_DTYPE_MASK + EPI_MASK + FL_ROWS + FL_KV + CLAIM_SHIFT_MASK + FL_KV16 + FL_Q0 != 0xffff
         .error  "plan_abi.h: the flags overlap or leave a gap"
+        .endif
+        .if RT_SIZE % 64 || RT_POS != RT_TOKEN + 8 || RT_V != RT_K + 8
+        .error  "plan_abi.h: a row table entry is whole cache lines; token/pos and k/v are pairs (stp)"
         .endif
         .if B_EPI_GELU != B_EPI || EPI_ARGMAX != EPI_MASK
         .error  "plan_abi.h: the epilogue is bits 4-5, GELU its low bit, ARGMAX both"

@@ -79,6 +79,10 @@ KERNELS = {
 # Optional kernels: a family without them binds None (has_q8 False: int8 weights are refused;
 # has_matmul False, all three or none: prompts are prefilled by cached steps).
 OPTIONAL = {"matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8"}
+# The families whose plan executor runs the batched decode kinds (BATTN, ROWARGMAX, ROWLN with EMBED:
+# docs/kernels.md "Batched decode"); has_batch, with the plan and the matmul kernels.  (Until a family's
+# executor has them its jump table sends them to the guard entry: step_batch steps its rows one by one.)
+BATCH_FAMILIES = ("avx2", "avx512")
 # The plan executor, bound from gpt2asm_<op>_<family> itself (has_plan; no fallback).
 EXECUTOR = {
     # void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
@@ -150,6 +154,7 @@ class Kernels:
         self.has_q8 = self.matvec_q8 is not None
         self.has_matmul = all(getattr(self, f"matmul_{d}") is not None for d in ("f32", "f16", "q8"))
         self.has_plan = hasattr(self.lib, f"gpt2asm_plan_run_{self.family}")
+        self.has_batch = self.has_plan and self.has_matmul and self.family in BATCH_FAMILIES
         for op, (argtypes, restype) in EXECUTOR.items():
             fn = self._bind(f"gpt2asm_{op}_{self.family}", argtypes) if self.has_plan else None
             if fn is not None and restype is not None:

@@ -24,7 +24,14 @@ token: the step plan runs the rest of it and the LM head for the last token only
 step per token.
 The full-prefix forward (GPT2.logits) runs the same row plan, then LayerNorm f and the head over every row.
 
-The forward pass is written here once per plan shape (build_plan: the step; build_prefill_plan: rows);
+A batched decode step (step_batch, for the scheduler) steps B sequences in one call: a third plan, of row
+jobs over one row per sequence (build_batch_plan), whose row table gives each row its token, position
+and KV cache -- the matmul kernels read each weight tile once for all rows, and the batched attention
+job writes each row's key and value into its own cache and attends over it.  Each row the bits of its
+step alone.
+
+The forward pass is written here once per plan shape (build_plan: the step; build_prefill_plan: rows;
+build_batch_plan: a batched step);
 jobs are grouped into named spans (Plan.span: "layer", "kv", "head"), and prefill runs spans, never
 counted job indices.  The same computation as single kernel calls from Python, the reference the plans
 are tested against, is in tests/oracle.py.
@@ -38,12 +45,13 @@ from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailabl
 from .kernels import Kernels
 from .plan import Plan
 from .validate import HEAD_DIM, KV_DTYPES, Q0_RECORD, check
-from .state import State, zeros
+from .state import BatchRows, State, zeros
 from .weights import MATRIX_DTYPES, Q0_DTYPES, Weights
 
 HEAD_KIND = "q8_0"              # q8_0 / q4_0 models: the LM head's records (quant0.HEAD_KIND)
 
 PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers (~7 MB for GPT-2 124M)
+BATCH_ROWS = 64                 # sequences per batched decode run: bounds its row buffers (~14 MB for 124M)
 
 
 def scale(obj, name: str) -> np.ndarray | None:
@@ -66,6 +74,8 @@ class Transformer:
         self.n_tiles_head = -(-self.cfg.vocab_size // 64)
         self.arrays = object()          # identity of the weight arrays the states' plans point at
         self.resident = None            # a resident.Resident packing the matrices into one buffer (start_resident)
+        self.batch_plan: Plan | None = None     # the batched decode plan (step_rows), for up to its rows
+        self.batch_owner = None                 # ... over these weight arrays
 
     def start_resident(self) -> None:
         """Pack the matrices (file-mapped from a warm tile cache, or separate arrays) into one buffer of
@@ -194,6 +204,45 @@ class Transformer:
                 p.matmul(L.proj_w, xq, L.proj_b, r.y, resid=r.x, xd=xd)           # x += fc W
         return p.build()
 
+    def build_batch_plan(self, R: int) -> Plan:
+        """A batched decode step of up to R sequences, each at its own position with its own cache (the
+        plan's row table, Plan.set_batch): per layer the prefill's row jobs, but c_attn's keys and values
+        go into each row's cache in the batched attention job; then LayerNorm f, the LM head and the
+        argmax per row.  Span "layer" i holds layer i's jobs, span "head" the last three.  Row buffers:
+        plan.rows (state.BatchRows)."""
+        cfg, w = self.cfg, self.w
+        C, V = cfg.n_embd, cfg.vocab_size
+        r, p = BatchRows(cfg, R), self.k.new_plan()
+        p.set_embedding(w.wte.reshape(V, C), w.wpe.reshape(cfg.n_ctx, C), None)
+        p.row_table(R, (cfg.n_layer, cfg.n_head, cfg.n_ctx), KV_DTYPES[self.kv])
+        for i, L in enumerate(w.layers):
+            with p.span("layer"):
+                p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h, embed=i == 0)       # (x = wte + wpe,) h = ln_1(x)
+                p.matmul(L.attn_w, r.h, L.attn_b, r.qkv, scale=scale(L, "attn"))  # q | k | v       [B][3C]
+                p.batch_attention(r.qkv, r.att, i)                                # k, v -> caches; att
+                p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x, scale=scale(L, "attn_proj"))
+                p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                      # h = ln_2(x)
+                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True, scale=scale(L, "fc"))  # fc = gelu(h W) [B][4C]
+                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x, scale=scale(L, "proj"))  # x += fc W
+        with p.span("head"):
+            p.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                        # h = ln_f(x)
+            p.matmul(w.head_w, r.h, w.head_b, r.logits, scale=scale(w, "head"))   # logits [B][V padded]
+            p.rows_argmax(r.logits, V)                                            # + their first maximum
+        p.rows = r
+        return p.build()
+
+    def _batch_plan(self, B: int) -> Plan:
+        """The batched decode plan for B <= BATCH_ROWS rows: built for the next power of two >= B rows,
+        rebuilt only when more are needed (or the weight arrays changed) -- sequences joining and leaving
+        change only the row table."""
+        p = self.batch_plan
+        if p is None or self.batch_owner is not self.arrays or p.max_rows < B:
+            self.batch_plan = self.batch_owner = None
+            R = max(B, 1 << (B - 1).bit_length(), 0 if p is None else p.max_rows)
+            self.batch_plan = self.build_batch_plan(min(R, BATCH_ROWS))
+            self.batch_owner = self.arrays
+        return self.batch_plan
+
     def _step_plan(self, s: State) -> Plan:
         if s.plan is None or s.plan_owner is not self.arrays:
             s.plan, s.plan_owner = None, None
@@ -237,16 +286,50 @@ class Transformer:
         """Feed tokens[b] at position states[b].n for each b (distinct States, each its own KV cache);
         return (logits [B] of [vocab], views of the states, argmax [B]: the first maximum of each row,
         None where a logit is NaN/inf).  Each row the bits of step(states[b], tokens[b]) alone: the
-        scheduler's one engine call per decode step (scheduler.py).  For now a loop of single-sequence
-        plan steps; the batched plan (each weight tile read once for all B rows) replaces this body."""
+        scheduler's one engine call per decode step (scheduler.py).  Every row is checked before any is
+        fed.  B >= 2 on a family with the batched kinds: one library call per BATCH_ROWS rows (step_rows:
+        each weight tile read once for all of them); else one step per row."""
         if len(states) != len(tokens) or len({id(s) for s in states}) != len(states):
             raise InvalidArgumentError("step_batch: one token per state, and every state distinct")
+        if not all(isinstance(s, State) for s in states):
+            raise InvalidArgumentError("step_batch: expected States of this model")
+        checked = [self.check_step(s, t) for s, t in zip(states, tokens)]
+        if len(states) >= 2 and self.k.has_batch and self.w.dtype not in Q0_DTYPES:   # (q0: rows one by one)
+            logits, argmax = [], []
+            for c0 in range(0, len(states), BATCH_ROWS):
+                lg, am = self.step_rows(states[c0:c0 + BATCH_ROWS], [t for t, _ in checked[c0:c0 + BATCH_ROWS]])
+                logits += lg
+                argmax += am
+            return logits, argmax
         logits, argmax = [], []
-        for s, t in zip(states, tokens):
+        for s, (t, _) in zip(states, checked):
             row, first = self.step(s, t)
             logits.append(row)
             argmax.append(first)
         return logits, argmax
+
+    def step_rows(self, states: list[State], tokens: list[int]) -> tuple[list[np.ndarray], list[int | None]]:
+        """step_batch for 1 <= B <= BATCH_ROWS rows through the batched decode plan, in one call into the
+        library: each weight tile read once for all rows, each row at its own position with its own cache
+        (the plan's row table).  The logits are copied into each state's own (step()'s view of them)."""
+        if not self.k.has_batch:
+            raise KernelUnavailableError(f"the {self.k.family} family has no batched decode executor")
+        if not 1 <= len(states) <= BATCH_ROWS or len(states) != len(tokens):
+            raise InvalidArgumentError(f"step_rows: 1..{BATCH_ROWS} states, one token each")
+        if len({id(s) for s in states}) != len(states) or not all(isinstance(s, State) for s in states):
+            raise InvalidArgumentError("step_rows: every state distinct, States of this model")
+        if self.resident is not None:
+            self._adopt()
+        checked = [self.check_step(s, t) for s, t in zip(states, tokens)]
+        p = self._batch_plan(len(states))
+        p.set_batch([t for t, _ in checked], [pos for _, pos in checked], [s.k for s in states], [s.v for s in states])
+        p.run()                                    # every layer of every row, and the head: one call
+        argmax = p.batch_argmax()
+        rows = p.rows.logits
+        for b, s in enumerate(states):
+            s.logits[:] = rows[b]
+            s.n = checked[b][1] + 1
+        return [s.logits_view for s in states], argmax
 
     def prefill(self, s: State, tokens) -> tuple[np.ndarray, int | None]:
         """Feed tokens at positions s.n, s.n+1, ..., extend the cache; return step()'s (logits, argmax) of

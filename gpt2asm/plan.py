@@ -35,12 +35,14 @@ from .plan_abi import (CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_S
                        KIND_MATMUL, KIND_MATVEC, KIND_QKV, KIND_ROWATTN, KIND_ROWLN, PRO_EMBED, PRO_LN,
                        ROWATTN_ROWS)
 from .plan_abi import FL_Q0, KIND_ROWQUANT                                          # noqa: E402
+from .plan_abi import KIND_BATTN, KIND_ROWARGMAX, RT_SIZE                           # noqa: E402
 POOL_BYTES = _abi.POOL_SIZE
 PLAN_HEADER = _abi.PL_HEADER
 JOB_BYTES = _abi.J_SIZE
 ARGMAX_CHUNK = 16             # tiles per claim of an ARGMAX job: its outputs are scanned while in cache
 _J = _abi.JOB_U64             # u64 slots of a job record (byte offset / 8), by field
 _H = _abi.HEADER_U64          # u64 slots of the plan header
+_RT = {k: f.offset // 8 for k, f in _abi.ROW_FIELDS.items()}   # u64 slots of a row table entry
 # weight dtypes of the tiled matrices -> the job's dtype flag
 _WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16, np.dtype(np.int8): FL_Q8}
 
@@ -89,6 +91,12 @@ class Plan:
         self._slot_views: list[tuple] = []                   # ... and ctypes views of them
         self._max: int | None = None                         # gpt2asm_plan_step's reduction of the slots
         self.spans: dict[str, list[range]] = {}              # name -> the job ranges of span(name)
+        self.rtab: np.ndarray | None = None                  # batched decode: the row table (row_table)
+        self._rt: np.ndarray | None = None                   # ... as uint64 [rows][RT_SIZE / 8]
+        self.cache_shape: tuple | None = None                # ... the caches its rows point at
+        self.cache_dtype = None
+        self.n_batch = 0                                     # rows of the last set_batch
+        self._batch_keep: tuple = ()                         # ... and their caches, alive during the run
 
     # -- building -----------------------------------------------------------------------------------
 
@@ -125,14 +133,15 @@ class Plan:
         if embed:
             if self.embed is None:
                 raise InvalidArgumentError("set_embedding() first")
-            if src is not self.embed[2]:
+            if self.embed[2] is None or src is not self.embed[2]:
                 raise InvalidArgumentError("the embedding prologue normalises the residual stream it fills")
             flags |= PRO_EMBED
             self.priv_e = max(self.priv_e, n_in)
         return flags, dict(x=self._ptr(src), g=self._ptr(g), beta=self._ptr(beta))
 
-    def set_embedding(self, wte: np.ndarray, wpe: np.ndarray, x: np.ndarray) -> None:
-        """The embedding add x = wte[token] + wpe[pos] of the EMBED prologue (wte [V][C], wpe [n_ctx][C])."""
+    def set_embedding(self, wte: np.ndarray, wpe: np.ndarray, x: np.ndarray | None) -> None:
+        """The embedding add x = wte[token] + wpe[pos] of the EMBED prologue (wte [V][C], wpe [n_ctx][C]);
+        x None: no step residual stream (a batched decode plan, whose rows embed with rows_layernorm)."""
         if not (isinstance(wte, np.ndarray) and wte.ndim == 2 and isinstance(wpe, np.ndarray) and wpe.ndim == 2
                 and wte.shape[1] == wpe.shape[1]):
             raise InvalidArgumentError("wte, wpe: expected [V][C] and [n_ctx][C]")
@@ -141,11 +150,13 @@ class Plan:
             raise InvalidArgumentError(f"embedding width {C} must be a positive multiple of 16")
         check(wte, "wte", np.float32)
         check(wpe, "wpe", np.float32)
-        check(x, "x", np.float32, C, writable=True)
+        if x is not None:
+            check(x, "x", np.float32, C, writable=True)
+            self.keep.append(x)
         self.embed = (wte, wpe, x)
         self.max_token = wte.shape[0]
         self._limit_pos(wpe.shape[0])
-        self.keep += [wte, wpe, x]
+        self.keep += [wte, wpe]
 
     def _weights(self, w, scale, n_tiles: int | None = None, op: str = "matvec") -> tuple[int, int, int, dict]:
         """A job's tiled weights (and int8 scales): (n_tiles, n_in, dtype flag, record fields).  q8_0 /
@@ -301,17 +312,28 @@ class Plan:
         return self._add(KIND_MATMUL, flags, n_tiles, chunk, f)
 
     def rows_layernorm(self, x: np.ndarray, g: np.ndarray, beta: np.ndarray, y: np.ndarray, *,
-                       chunk: int | None = None) -> int:
+                       embed: bool = False, chunk: int | None = None) -> int:
         """Y[t] = layernorm(X[t]) (gain g, bias beta [n]) for the rows t < n_tok of a run (rows are the
-        items); x, y [R][>= n]."""
+        items); x, y [R][>= n].  embed (batched decode: set_embedding and row_table first): X[t] =
+        wte[token_t] + wpe[pos_t] of row t's row table entry first."""
         if not (isinstance(g, np.ndarray) and g.size >= 1):
             raise InvalidArgumentError("ln gain: expected a float32 vector")
         n = g.size
         check(g, "ln gain", np.float32, n)
         check(beta, "ln bias", np.float32, n)
-        f = dict(ldx=self._rows(x, "x", n), ldy=self._rows(y, "y", n, writable=True), x=addr(x), y=addr(y),
-                 g=self._ptr(g), beta=self._ptr(beta), n_in=n)
-        return self._add(KIND_ROWLN, FL_ROWS, 1, chunk, f)
+        flags = FL_ROWS
+        if embed:
+            if self.embed is None or self.rtab is None:
+                raise InvalidArgumentError("rows_layernorm(embed=True): set_embedding() and row_table() first")
+            if n != self.embed[0].shape[1]:
+                raise InvalidArgumentError(f"rows_layernorm(embed=True): {n} inputs, the embedding has "
+                                           f"{self.embed[0].shape[1]}")
+            flags |= PRO_EMBED
+        f = dict(ldx=self._rows(x, "x", n, writable=embed), ldy=self._rows(y, "y", n, writable=True), x=addr(x),
+                 y=addr(y), g=self._ptr(g), beta=self._ptr(beta), n_in=n)
+        if embed and np.may_share_memory(x, y):
+            raise InvalidArgumentError("y must not overlap x (its embedding rows)")
+        return self._add(KIND_ROWLN, flags, 1, chunk, f)
 
     def rows_quantize(self, x: np.ndarray, xq: np.ndarray, xd: np.ndarray, *, ln=None,
                       chunk: int | None = None) -> int:
@@ -370,6 +392,103 @@ class Plan:
                  a4=int(n_pos))
         return self._add(KIND_ATTN, kvflag, H, None, f)
 
+    # -- batched decode: row jobs over the rows of a row table (set_batch) ----------------------------
+
+    def row_table(self, rows: int, caches: tuple, dtype) -> None:
+        """A row table of `rows` entries (the most rows of a run): row t of a run is one sequence's next
+        token, at its own position, with its own caches k, v [n_layer][H][n_ctx][64] of dtype (float32 or
+        float16); caches = (n_layer, H, n_ctx).  set_batch fills it before each run."""
+        if self.rtab is not None:
+            raise InvalidArgumentError("one row table per plan")
+        if not (is_int(rows) and 1 <= rows <= 1 << 20):
+            raise InvalidArgumentError(f"rows must be in 1..{1 << 20}, got {rows!r}")
+        if not (isinstance(caches, tuple) and len(caches) == 3 and all(is_int(c) and c >= 1 for c in caches)):
+            raise InvalidArgumentError(f"caches: expected (n_layer, H, n_ctx), got {caches!r}")
+        dtype = np.dtype(dtype)
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+            raise InvalidArgumentError(f"cache dtype {dtype}: expected float32 or float16")
+        self.rtab = aligned_bytes(RT_SIZE * rows)
+        self._rt = self.rtab.view(np.uint64).reshape(rows, RT_SIZE // 8)
+        self.cache_shape, self.cache_dtype = tuple(int(c) for c in caches) + (HEAD_DIM,), dtype
+        self._limit_rows(rows)
+        self._limit_pos(int(caches[2]))
+
+    def batch_attention(self, qkv: np.ndarray, out: np.ndarray, layer: int, *, chunk: int | None = None) -> int:
+        """Per row t of a run and head h (the items, row-major): row t's new key and value (qkv[t], the
+        c_attn outputs q | k | v [>= 3 * 64 H]) into its caches' layer `layer` at pos_t (binary16 caches:
+        rounded to nearest even), then out[t]_h = the attention of q[t]_h over its positions 0 .. pos_t."""
+        if self.rtab is None:
+            raise InvalidArgumentError("batch_attention: row_table() first")
+        L, H, n_ctx, _ = self.cache_shape
+        if not (is_int(layer) and 0 <= layer < L):
+            raise InvalidArgumentError(f"layer must be in 0..{L - 1}, got {layer!r}")
+        f = dict(ldx=self._rows(qkv, "qkv", 3 * H * HEAD_DIM), ldy=self._rows(out, "out", H * HEAD_DIM, writable=True),
+                 x=addr(qkv), y=addr(out), a3=n_ctx * HEAD_DIM)
+        if np.may_share_memory(qkv, out):
+            raise InvalidArgumentError("out must not overlap qkv")
+        f["a0"] = f["a1"] = layer * H * n_ctx * HEAD_DIM * self.cache_dtype.itemsize    # the layer, in bytes
+        self.priv_s = max(self.priv_s, H * (-(-n_ctx // 16) * 16))                       # a score row per head
+        return self._add(KIND_BATTN, FL_ROWS | (FL_KV16 if self.cache_dtype == np.float16 else 0), H, chunk, f)
+
+    def rows_argmax(self, x: np.ndarray, n: int, *, chunk: int | None = None) -> int:
+        """Per row t of a run (the items): the first maximum of x[t][0 .. n) into the row table, for
+        batch_argmax() (None where one of them is NaN or infinite)."""
+        if self.rtab is None:
+            raise InvalidArgumentError("rows_argmax: row_table() first")
+        if not (is_int(n) and 1 <= n < 1 << 31):
+            raise InvalidArgumentError(f"rows_argmax: n must be in 1..2^31-1, got {n!r}")
+        f = dict(ldx=self._rows(x, "x", int(n)), x=addr(x), n_in=int(n))
+        return self._add(KIND_ROWARGMAX, FL_ROWS, 1, chunk, f)
+
+    def set_batch(self, tokens, positions, ks, vs) -> None:
+        """The rows of the next run: row t = tokens[t] at positions[t] with caches ks[t], vs[t] (the
+        shape and dtype of row_table's, every cache distinct from the others; 1 <= rows <= the plan's).
+        Everything is checked before the table is written."""
+        if self.buf is None or self.rtab is None:
+            raise InvalidArgumentError("set_batch: a built plan with a row table is needed")
+        B = len(tokens)
+        if not (1 <= B <= min(self.max_rows, len(self._rt))):
+            raise InvalidArgumentError(f"rows per run must be in 1..{min(self.max_rows, len(self._rt))}, got {B}")
+        if not len(positions) == len(ks) == len(vs) == B:
+            raise InvalidArgumentError("set_batch: one position and one k / v cache per token")
+        toks = [token_id(t, self.max_token if self.max_token is not None else 1 << 62) for t in tokens]
+        pos = [integer("position", p, 0, self.max_pos - 1) for p in positions]
+        shape, dt, nbytes = self.cache_shape, self.cache_dtype, int(np.prod(self.cache_shape)) * self.cache_dtype.itemsize
+        ka, va = [], []
+        for t, (k, v) in enumerate(zip(ks, vs)):
+            for name, a, out in (("k", k, ka), ("v", v, va)):
+                if not (type(a) is np.ndarray and a.dtype == dt and a.shape == shape and a.flags.c_contiguous
+                        and a.flags.writeable):
+                    check(a, f"row {t}: {name}", dt, writable=True)           # the precise error, if any
+                    raise InvalidArgumentError(f"row {t}: {name} cache of shape {getattr(a, 'shape', None)}, "
+                                               f"expected {shape}")
+                out.append(a.__array_interface__["data"][0])
+        spans = sorted(ka + va)
+        if any(b - a < nbytes for a, b in zip(spans, spans[1:])):
+            raise InvalidArgumentError("set_batch: two rows share a cache (every row needs its own State)")
+        rt = self._rt
+        rt[:B, _RT["token"]] = toks
+        rt[:B, _RT["pos"]] = pos
+        rt[:B, _RT["k"]] = ka
+        rt[:B, _RT["v"]] = va
+        rt[:B, _RT["argmax"]] = SIZE_MAX                    # until ROWARGMAX writes it
+        self._batch_keep = (list(ks), list(vs))
+        self.n_batch = B
+        self._step[_H["n_tok"]] = B
+
+    def batch_argmax(self) -> list[int | None]:
+        """After a run of set_batch's rows that included the rows_argmax job: per row the index of the
+        first maximum (None if one of its outputs is NaN or ±inf) -- what Plan.step's first_max() gives
+        for that row's step alone."""
+        if self._rt is None or not self.n_batch:
+            raise InvalidArgumentError("batch_argmax: set_batch() and a run first")
+        out = []
+        for m in self._rt[:self.n_batch, _RT["argmax"]].tolist():
+            if m == SIZE_MAX:
+                raise LibraryError("the rows_argmax job left no result (was it run?)")
+            out.append(None if m == SIZE_MAX - 1 else m)
+        return out
+
     def _kv16(self, k: np.ndarray, rows: int) -> int:
         """The cache flag of a job over cache k: FL_KV16 for a binary16 cache, whose k / v rows the job
         first writes to `rows` float32 staging rows of 64 (a private area's) -- else 0."""
@@ -409,10 +528,11 @@ class Plan:
         stride = max(64, q_off + -(-self.priv_q // 64) * 64)
         self.priv = aligned_bytes(stride * self.k.threads)
         hdr = dict(n_jobs=n, priv=addr(self.priv), priv_stride=stride, h_off=h_off, e_off=e_off, s_off=s_off,
-                   kv_off=kv_off, argmax=0 if self._slots is None else addr(self._slots))
+                   kv_off=kv_off, argmax=0 if self._slots is None else addr(self._slots),
+                   rtab=0 if self.rtab is None else addr(self.rtab))
         if self.embed is not None:
             wte, wpe, x = self.embed
-            hdr.update(C=wte.shape[1], wte=addr(wte), wpe=addr(wpe), x=addr(x))
+            hdr.update(C=wte.shape[1], wte=addr(wte), wpe=addr(wpe), x=0 if x is None else addr(x))
         for key, val in hdr.items():
             u64[_H[key]] = val
         for j, (kind, flags, fields) in enumerate(self.jobs):
@@ -492,6 +612,8 @@ class Plan:
         (1 <= n_tok <= the rows of every row buffer; pos + n_tok <= n_ctx of every cache)."""
         if self.buf is None or self.max_rows is None:
             raise InvalidArgumentError("set_rows: a built plan with row jobs is needed")
+        if self.rtab is not None:
+            raise InvalidArgumentError("set_rows: a batched decode plan takes its rows from set_batch")
         if not (is_int(n_tok) and 1 <= n_tok <= self.max_rows):
             raise InvalidArgumentError(f"rows per run must be in 1..{self.max_rows}, got {n_tok!r}")
         limit = self.max_pos if self.max_pos is not None else 1 << 62

@@ -5,6 +5,7 @@ record, the job kinds and the flags) when this module is imported -- nothing her
     abi.J_SIZE, abi.KIND_QKV, abi.FL_KV16, abi.B_KV16 ...   every #define of the header, by its name
     abi.JOB["n_in"]     -> Field(name="J_NIN", offset=48, size=8)   job record fields by Python key
     abi.HEADER, abi.POOL, abi.ARGMAX_SLOT_FIELDS                     plan header / pool_t / ARGMAX slot
+    abi.ROW_FIELDS                                                     a row table entry (batched decode)
     abi.ENTRIES         the index, in order: (name, size, value), the rows of the library's table
                         gpt2asm_plan_abi (tests/test_plan_abi.py compares them)
 
@@ -132,6 +133,7 @@ POOL = _records(_FIELDS, "POOL_SIZE")              # pool_t fields by key
 HEADER = _records(_FIELDS, "PL_HEADER")            # plan header fields
 JOB = _records(_FIELDS, "J_SIZE")                  # job record fields
 ARGMAX_SLOT_FIELDS = _records(_FIELDS, "ARGMAX_SLOT")
+ROW_FIELDS = _records(_FIELDS, "RT_SIZE")          # an entry of a batched decode's row table
 KINDS = {n[5:]: v for n, v in VALUES.items() if n.startswith("KIND_") and n != "KIND_COUNT"}
 
 # u64 slot indices (byte offset / 8) of the u64 fields a plan encoder writes through a uint64 view

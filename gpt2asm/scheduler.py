@@ -19,7 +19,8 @@ driver (Scheduler.step):
      sequence whose prompt is complete samples its first token (the other samples of the same prompt in
      its request, if in slots by then, take a copy of its cache instead of prefilling it again);
   4. every running sequence with a token to feed is stepped by ONE engine call,
-     Transformer.step_batch(states, tokens) -> (logits [B][V], argmax [B]), and samples its next token.
+     Transformer.step_batch(states, tokens) -> (logits [B][V], argmax [B]) -- one library call that
+     reads each weight tile once for all B rows -- and samples its next token.
 
 Every sequence has its own State (KV cache) and Sampler, so its logits and tokens are those of
 GPT2.generate run alone with the same arguments (the prefill gives the bits of one step per token in any

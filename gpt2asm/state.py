@@ -92,3 +92,17 @@ class Rows:
             self.xq = aligned_zeros((self.R, 4 * self.C), np.int8)
             self.xd = zeros((self.R, 4 * self.C // 32))
         return self.xq, self.xd
+
+
+class BatchRows:
+    """Row buffers of a batched decode run: one row per sequence, R rows (model.Transformer.step_batch)."""
+
+    def __init__(self, cfg: GPT2Config, R: int):
+        C = cfg.n_embd
+        self.x = zeros((R, C))                      # residual stream (row t: wte[token_t] + wpe[pos_t] first)
+        self.h = zeros((R, C))                      # LayerNorm output
+        self.qkv = zeros((R, padded(3 * C)))        # c_attn outputs q | k | v (k, v copied into the caches)
+        self.att = zeros((R, C))                    # attention output
+        self.y = zeros((R, padded(C)))              # c_proj outputs, added to x
+        self.fc = zeros((R, padded(4 * C)))         # MLP hidden
+        self.logits = zeros((R, padded(cfg.vocab_size)))   # [R][vocab padded to 64]

@@ -39,15 +39,16 @@ def alone(m: GPT2, ids: list[int], n: int, **sampling) -> tuple[list[int], list[
     sampler = Sampler(m.model.k.softmax, s["temperature"], s["top_k"], s["top_p"], s["repetition_penalty"],
                       s["seed"], argmax=m.model.k.argmax)
     st = m.model.new_state()
-    logits, first = m.model.prefill(st, ids or [m.tokenizer.eot_id])
+    logits, am = m.model.prefill(st, ids or [m.tokenizer.eot_id])
+    fused = m.n_sample == m.config.vocab_size
     toks, hashes, hist = [], [], list(ids)
     for k in range(n):
         hashes.append(sha(logits))
-        t = sampler(logits[:m.n_sample], hist, first)
+        t = sampler(logits[:m.n_sample], hist, am) if fused else sampler(logits[:m.n_sample], hist)
         hist.append(t)
         toks.append(t)
         if k + 1 < n:
-            logits, first = m.model.step(st, t)
+            logits, am = m.model.step(st, t)
     assert toks == list(m.generate_ids(ids, n, **s))
     return toks, hashes
 

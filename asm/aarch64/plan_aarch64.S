@@ -601,6 +601,8 @@ function plan_jobs_\isa, align=5
         kind_entry \isa, KIND_ROWLN, kind_rowln_\isa
         kind_entry \isa, KIND_ROWATTN, kind_rowattn_\isa
         kind_entry \isa, KIND_ROWQUANT, .Lbarrier_\isa   // q0 prefill: not yet ported (issue 17)
+        kind_entry \isa, KIND_BATTN, .Lbarrier_\isa          /* not yet: the guard */
+        kind_entry \isa, KIND_ROWARGMAX, .Lbarrier_\isa      /* not yet: the guard */
         kind_entry \isa, KIND_COUNT, .Lbarrier_\isa
 endfunc
 

@@ -253,6 +253,28 @@ kv16_store:
 2:      vzeroupper
         ret
 
+/* kv_put(dst = rdi, src = rsi; r14 = the job): one new cache row of 64 elements from 64 floats: with
+ * FL_KV16 rounded to binary16 (vcvtps2ph, round to nearest even: kv16_store's), else copied.  Clobbers
+ * ymm0-1 only; ends with vzeroupper. */
+        .p2align 4
+kv_put:
+        testl   $FL_KV16, J_FLAGS(%r14)
+        jnz     2f
+        .irp    o, 0, 64, 128, 192
+        vmovups \o(%rsi), %ymm0
+        vmovups \o+32(%rsi), %ymm1
+        vmovups %ymm0, \o(%rdi)
+        vmovups %ymm1, \o+32(%rdi)
+        .endr
+        vzeroupper
+        ret
+2:      .irp    o, 0, 32, 64, 96, 128, 160, 192, 224
+        vmovups \o(%rsi), %ymm0
+        vcvtps2ph $0, %ymm0, \o/2(%rdi)
+        .endr
+        vzeroupper
+        ret
+
 /* vadd_avx512: the same with one zmm per 16 elements (AVX-512F). */
         .p2align 4
 vadd_avx512:
@@ -277,6 +299,7 @@ vadd_avx512:
  *     72(%rsp)        end of the claim              80(%rsp)  current head / tile / row / item
  *     88(%rsp)        the job's item count          96(%rsp)  row of a MATMUL epilogue
  *     104(%rsp)       FL_KV16: the cache rows its staged k / v rows go to
+ *     112(%rsp)       BATTN: the end of the claimed heads of the current row
  * Callee-saved registers: r12 ctx, r13 plan, r14 current job, r15 thread id, rbx private area,
  * rbp the job's matvec input (x, or the private LayerNorm output). */
 #define F_END   56
@@ -286,6 +309,7 @@ vadd_avx512:
 #define F_N     88
 #define F_ROW   96
 #define F_KVDST 104
+#define F_HEND  112     /* BATTN: the end of the claim's heads in the current row */
 #define FRAME   120
 
         /* rbp = the job's matvec input, after its prologue (embedding add, LayerNorm) */
@@ -681,6 +705,8 @@ plan_jobs_\isa:
         kind_entry \isa, KIND_ROWLN, kind_rowln_\isa
         kind_entry \isa, KIND_ROWATTN, kind_rowattn_\isa
         kind_entry \isa, KIND_ROWQUANT, kind_rowquant_\isa
+        kind_entry \isa, KIND_BATTN, kind_battn_\isa
+        kind_entry \isa, KIND_ROWARGMAX, kind_rowargmax_\isa
         kind_entry \isa, KIND_COUNT, .Lbarrier_\isa
 
         /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them.  ARGMAX: each thread
@@ -919,7 +945,8 @@ kind_matmul_\isa:
         jb      .Lmm_tile_\isa
         jmp     .Lmatmul_\isa
 
-        /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
+        /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats; with
+         * PRO_EMBED (batched decode) first x[t ldx ..] = wte[token_t] + wpe[pos_t] (the row table's) */
         .p2align 4
 /* kind_rowln_<isa> (KIND_ROWLN): entered by jump from plan_jobs_<isa> (the common contract above);
  * frame F_T0, F_T1, F_H (row); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no item
@@ -930,7 +957,25 @@ kind_rowln_\isa:
         movq    F_T0(%rsp), %rax
         movq    %rax, F_H(%rsp)
 .Lrowln_row_\isa:
+        unless_flag PRO_EMBED, 1f               /* batched decode, layer 0: row t's embedding first */
         movq    F_H(%rsp), %rax
+        movq    %rax, %rdi
+        imulq   J_LDX(%r14), %rdi
+        shlq    $2, %rdi
+        addq    J_X(%r14), %rdi                 /* x row t */
+        imulq   $RT_SIZE, %rax
+        addq    PL_RTAB(%r13), %rax             /* its row table entry */
+        movq    PL_C(%r13), %rcx
+        movq    RT_TOKEN(%rax), %rsi
+        imulq   %rcx, %rsi
+        shlq    $2, %rsi
+        addq    PL_WTE(%r13), %rsi              /* wte[token_t] */
+        movq    RT_POS(%rax), %rdx
+        imulq   %rcx, %rdx
+        shlq    $2, %rdx
+        addq    PL_WPE(%r13), %rdx              /* wpe[pos_t] */
+        call    vadd_\isa                       /* x[t] = wte[token_t] + wpe[pos_t] */
+1:      movq    F_H(%rsp), %rax
         movq    %rax, %rdi
         imulq   J_LDX(%r14), %rdi
         shlq    $2, %rdi
@@ -1073,6 +1118,128 @@ kind_rowattn_\isa:
         cmpq    F_T1(%rsp), %rax
         jb      .Lra_item_\isa
         jmp     .Lrowattn_\isa
+
+        /* ---- BATTN (batched decode; items i < H * PL_NTOK: row t = i / H, head h = i % H, J_N = H): the
+         * claim's items of one row t, heads [h0, h1), at once: for each head its new key and value (the
+         * c_attn output row J_X + t ldx: k_h at 64 (H + h), v_h at 64 (2H + h) floats) into row t's caches
+         * (row table: RT_K + J_A0, RT_V + J_A1 bytes, head h at h J_A3 elements) at position pos_t (a
+         * copy; KV16: rounded to binary16 as kv16_store), then one attention call over heads [h0, h1):
+         * q = J_X + t ldx, out = J_Y + t ldy, n_pos = pos_t + 1 -- the step's call on that sequence. */
+        .p2align 4
+/* kind_battn_<isa> (KIND_BATTN): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (item), F_ROW (row t), F_HEND (h1); rbp = row t's row table entry. Leaves by
+ * `claim` jumping to .Lbarrier_<isa> once no item is left. */
+kind_battn_\isa:
+.Lbattn_\isa:
+        claim   .Lbarrier_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lba_row_\isa:
+        movq    F_H(%rsp), %rax
+        xorl    %edx, %edx
+        divq    J_N(%r14)                       /* rax = t, rdx = h0 */
+        movq    %rax, F_ROW(%rsp)
+        movq    F_T1(%rsp), %rcx
+        subq    F_H(%rsp), %rcx
+        addq    %rdx, %rcx                      /* h0 + items left in the claim */
+        cmpq    J_N(%r14), %rcx
+        cmova   J_N(%r14), %rcx
+        movq    %rcx, F_HEND(%rsp)              /* h1 = min(H, that) */
+        movq    %rax, %rbp
+        imulq   $RT_SIZE, %rbp
+        addq    PL_RTAB(%r13), %rbp             /* row t's row table entry */
+        movq    %rax, %r10
+        imulq   J_LDX(%r14), %r10
+        shlq    $2, %r10
+        addq    J_X(%r14), %r10                 /* its c_attn output row: q | k | v */
+        movq    %rdx, %r8                       /* h = h0 */
+.Lba_kv_\isa:                                   /* k_h, v_h into the caches at pos_t */
+        movq    %r8, %r9
+        imulq   J_A3(%r14), %r9                 /* h head_stride */
+        movq    RT_POS(%rbp), %rax
+        shlq    $6, %rax
+        addq    %rax, %r9                       /* + 64 pos_t (elements) */
+        shlq    $2, %r9                         /* bytes: float32 ... */
+        unless_flag FL_KV16, 1f
+        shrq    $1, %r9                         /* ... or binary16 */
+1:      movq    J_N(%r14), %rsi
+        addq    %r8, %rsi
+        shlq    $8, %rsi
+        addq    %r10, %rsi                      /* k_h = row + 64 (H + h) floats */
+        movq    RT_K(%rbp), %rdi
+        addq    J_A0(%r14), %rdi
+        addq    %r9, %rdi
+        call    kv_put                          /* clobbers ymm0-1 only */
+        movq    J_N(%r14), %rax
+        shlq    $8, %rax
+        addq    %rax, %rsi                      /* v_h = k_h + 64 H floats */
+        movq    RT_V(%rbp), %rdi
+        addq    J_A1(%r14), %rdi
+        addq    %r9, %rdi
+        call    kv_put
+        incq    %r8
+        cmpq    F_HEND(%rsp), %r8
+        jb      .Lba_kv_\isa
+        movq    F_ROW(%rsp), %rcx                /* attention of heads [h0, h1) of row t */
+        imulq   J_LDY(%r14), %rcx
+        shlq    $2, %rcx
+        addq    J_Y(%r14), %rcx                 /* out row t */
+        movq    F_H(%rsp), %rax
+        xorl    %edx, %edx
+        divq    J_N(%r14)
+        movq    %rdx, 8(%rsp)                   /* head_begin h0 */
+        movq    F_HEND(%rsp), %rax
+        movq    %rax, 16(%rsp)                  /* head_end h1 */
+        subq    %rdx, %rax
+        addq    %rax, F_H(%rsp)                 /* the items done */
+        movq    J_A3(%r14), %rax
+        movq    %rax, 0(%rsp)                   /* head_stride */
+        movq    %r10, %rdi                      /* q */
+        movq    RT_K(%rbp), %rsi
+        addq    J_A0(%r14), %rsi                /* the layer's k cache of row t */
+        movq    RT_V(%rbp), %rdx
+        addq    J_A1(%r14), %rdx                /* ... and v cache */
+        movq    %rbx, %r8
+        addq    PL_S_OFF(%r13), %r8             /* scratch */
+        movq    RT_POS(%rbp), %r9
+        incq    %r9                             /* n_pos = pos_t + 1 */
+        att_call \isa
+        movq    F_H(%rsp), %rax
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lba_row_\isa
+        jmp     .Lbattn_\isa
+
+        /* ---- ROWARGMAX (batched decode; items = rows t < PL_NTOK): row t's RT_ARGMAX = the first maximum
+         * of x[t ldx .. + n_in) (gpt2asm_argmax_f32), SIZE_MAX - 1 if one is NaN or an infinity */
+        .p2align 4
+/* kind_rowargmax_<isa> (KIND_ROWARGMAX): entered by jump from plan_jobs_<isa> (the common contract
+ * above); frame F_T0, F_T1, F_H (row); rbp unused. Leaves by `claim` jumping to .Lbarrier_<isa> once no
+ * item is left. */
+kind_rowargmax_\isa:
+.Lrowargmax_\isa:
+        claim   .Lbarrier_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lrowam_row_\isa:
+        movq    F_H(%rsp), %rdi
+        imulq   J_LDX(%r14), %rdi
+        shlq    $2, %rdi
+        addq    J_X(%r14), %rdi                 /* logits row t */
+        movq    J_NIN(%r14), %rsi
+        xcall   gpt2asm_argmax_f32_\isa         /* first maximum, SIZE_MAX if not all finite */
+        movq    $-2, %rcx
+        cmpq    $-1, %rax
+        cmove   %rcx, %rax                      /* SIZE_MAX - 1: a NaN or an infinity */
+        movq    F_H(%rsp), %rcx
+        imulq   $RT_SIZE, %rcx
+        addq    PL_RTAB(%r13), %rcx
+        movq    %rax, RT_ARGMAX(%rcx)
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lrowam_row_\isa
+        jmp     .Lrowargmax_\isa
 
 
 /*
