@@ -215,6 +215,9 @@ class Transformer:
         r, p = BatchRows(cfg, R), self.k.new_plan()
         p.set_embedding(w.wte.reshape(V, C), w.wpe.reshape(cfg.n_ctx, C), None)
         p.row_table(R, (cfg.n_layer, cfg.n_head, cfg.n_ctx), KV_DTYPES[self.kv])
+        p.rows = r
+        if w.dtype in Q0_DTYPES:
+            return self._build_batch_plan_q0(r, p)
         for i, L in enumerate(w.layers):
             with p.span("layer"):
                 p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h, embed=i == 0)       # (x = wte + wpe,) h = ln_1(x)
@@ -228,7 +231,36 @@ class Transformer:
             p.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                        # h = ln_f(x)
             p.matmul(w.head_w, r.h, w.head_b, r.logits, scale=scale(w, "head"))   # logits [B][V padded]
             p.rows_argmax(r.logits, V)                                            # + their first maximum
-        p.rows = r
+        return p.build()
+
+    def _build_batch_plan_q0(self, r: BatchRows, p: Plan) -> Plan:
+        """build_batch_plan for q8_0 / q4_0 records, as _build_prefill_plan_q0: each matmul reads its input
+        rows quantized by a ROWQUANT job just before it (LayerNorm folded in), into the shared rows
+        xq [R][4C] int8, xd [R][4C/32] -- the decode step's quantizer on the same floats, so the same ints
+        and scales, and the q0 matmul gives each row the q0 matvec's bits.  Layer 0 starts with the ROWLN
+        that writes x = wte + wpe (h = ln_1(x): the same layernorm call as ROWQUANT's), then quantizes h.
+        The head: q8_0 records (HEAD_KIND) over the quantized ln_f(x) rows, then ROWARGMAX."""
+        w, C, V = self.w, self.cfg.n_embd, self.cfg.vocab_size
+        xq, xd = r.q0_rows()
+        for i, L in enumerate(w.layers):
+            with p.span("layer"):
+                if i == 0:
+                    p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h, embed=True)     # x = wte + wpe, h = ln_1(x)
+                    p.rows_quantize(r.h, xq, xd)                                  # xq = q(h)
+                else:
+                    p.rows_quantize(r.x, xq, xd, ln=(L.ln1_g, L.ln1_b))           # xq = q(ln_1(x))
+                p.matmul(L.attn_w, xq, L.attn_b, r.qkv, xd=xd)                    # q | k | v       [B][3C]
+                p.batch_attention(r.qkv, r.att, i)                                # k, v -> caches; att
+                p.rows_quantize(r.att, xq, xd)                                    # xq = q(att)
+                p.matmul(L.attn_proj_w, xq, L.attn_proj_b, r.y, resid=r.x, xd=xd)
+                p.rows_quantize(r.x, xq, xd, ln=(L.ln2_g, L.ln2_b))               # xq = q(ln_2(x))
+                p.matmul(L.fc_w, xq, L.fc_b, r.fc, gelu=True, xd=xd)              # fc = gelu(h W) [B][4C]
+                p.rows_quantize(r.fc[:, :4 * C], xq, xd)                          # xq = q(fc)
+                p.matmul(L.proj_w, xq, L.proj_b, r.y, resid=r.x, xd=xd)           # x += fc W
+        with p.span("head"):
+            p.rows_quantize(r.x, xq, xd, ln=(w.ln_f_g, w.ln_f_b))                 # xq = q(ln_f(x))
+            p.matmul(w.head_w, xq, w.head_b, r.logits, xd=xd)                     # logits [B][V padded]
+            p.rows_argmax(r.logits, V)                                            # + their first maximum
         return p.build()
 
     def _batch_plan(self, B: int) -> Plan:
@@ -294,7 +326,7 @@ class Transformer:
         if not all(isinstance(s, State) for s in states):
             raise InvalidArgumentError("step_batch: expected States of this model")
         checked = [self.check_step(s, t) for s, t in zip(states, tokens)]
-        if len(states) >= 2 and self.k.has_batch and self.w.dtype not in Q0_DTYPES:   # (q0: rows one by one)
+        if len(states) >= 2 and self.k.has_batch:
             logits, argmax = [], []
             for c0 in range(0, len(states), BATCH_ROWS):
                 lg, am = self.step_rows(states[c0:c0 + BATCH_ROWS], [t for t, _ in checked[c0:c0 + BATCH_ROWS]])

@@ -106,3 +106,7 @@ class BatchRows:
         self.y = zeros((R, padded(C)))              # c_proj outputs, added to x
         self.fc = zeros((R, padded(4 * C)))         # MLP hidden
         self.logits = zeros((R, padded(cfg.vocab_size)))   # [R][vocab padded to 64]
+        self.R, self.C = R, C
+        self.xq = self.xd = None                    # q8_0 / q4_0: quantized rows (q0_rows)
+
+    q0_rows = Rows.q0_rows                          # the quantized input rows of the q0 batched matmuls

@@ -2,8 +2,9 @@
 
 Contract: one library call steps B sequences, each at its own position with its own KV cache, and each
 row gets the bits of stepping that sequence alone -- logits, argmax (None on NaN/inf) and the cache rows
-written -- for B = 1, 2, 3, 8, 32, every native x86 family, f32 / f16 (binary16 cache) / q8, -j 1/2/3;
-the AVX-512 family also under the emulator.  Rows join and leave without a plan rebuild; bad rows are
+written -- for B = 1, 2, 3, 8, 32, every native x86 family, f32 / f16 (binary16 cache) / q8, -j 1/2/3, and
+q8_0 / q4_0 (B = 1, 2, 3, 8) with each family's best and plain q0 variants; the AVX-512 family also under
+the emulator.  Rows join and leave without a plan rebuild; bad rows are
 refused before anything is fed.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from arm64_qemu import IS_ARM
 from gpt2asm import GPT2, ContextOverflowError, InvalidArgumentError
 from gpt2asm import model as model_mod
 
@@ -46,17 +48,34 @@ def check_rows_equal_alone(M, batch, alone, toks, lg, am, where: str) -> None:
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
 def test_rows_same_bits_as_alone(ckpt_tiny, families, dtype, threads):
     for fam in families:
-        with GPT2.load(ckpt_tiny, dtype=dtype, threads=threads, isa=fam) as m:
-            M = m.model
-            if not M.k.has_batch:
-                continue
-            rng = np.random.default_rng(7)
-            for B in (1, 2, 3, 8, 32):
-                batch, alone = twins(M, rng, B)
-                for step in range(2):
-                    toks = [int(t) for t in rng.integers(0, M.cfg.vocab_size, B)]
-                    lg, am = M.step_rows(batch, toks)
-                    check_rows_equal_alone(M, batch, alone, toks, lg, am, f"{fam} {dtype} -j{threads} B={B}")
+        rows_same_bits_as_alone(ckpt_tiny, fam, dtype, threads, (1, 2, 3, 8, 32), f"{fam} {dtype} -j{threads}")
+
+
+def rows_same_bits_as_alone(ckpt, fam: str, dtype: str, threads: int, sizes, where: str) -> None:
+    with GPT2.load(ckpt, dtype=dtype, threads=threads, isa=fam) as m:
+        M = m.model
+        if not M.k.has_batch:
+            return
+        rng = np.random.default_rng(7)
+        for B in sizes:
+            batch, alone = twins(M, rng, B)
+            for step in range(2):
+                toks = [int(t) for t in rng.integers(0, M.cfg.vocab_size, B)]
+                lg, am = M.step_rows(batch, toks)
+                check_rows_equal_alone(M, batch, alone, toks, lg, am, f"{where} B={B}")
+
+
+@pytest.mark.skipif(IS_ARM, reason="the AArch64 executor does not run the q0 jobs yet")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_q0_rows_same_bits_as_alone(ckpt_tiny, families, dtype, threads, monkeypatch):
+    """q8_0 / q4_0: ROWQUANT rows (LayerNorm folded in) into the q0 matmuls, the q8_0 head: every family
+    with its best q0 variant and the plain one."""
+    for fam in families:
+        for plain in (False, True):
+            monkeypatch.setenv("GPT2ASM_Q0_PLAIN", "1" if plain else "0")
+            rows_same_bits_as_alone(ckpt_tiny, fam, dtype, threads, (1, 2, 3, 8),
+                                    f"{fam} {dtype} plain={plain} -j{threads}")
 
 
 def test_rows_join_and_leave_without_rebuild(ckpt_tiny):
@@ -156,7 +175,8 @@ def test_bad_rows_refused_before_anything_is_fed(ckpt_tiny):
 
 
 # --------------------------------------------------------------------------------------------------
-# the AVX-512 family's BATTN / ROWARGMAX / ROWLN+EMBED under the emulator (small: 3 rows, one step)
+# the AVX-512 family's BATTN / ROWARGMAX / ROWLN+EMBED (and ROWQUANT + q0 MATMUL) under the emulator
+# (small: 3 rows, one step)
 
 def test_avx512_emulated_rows_equal_native(ckpt_tiny):
     import avx512emu
@@ -172,8 +192,8 @@ def test_avx512_emulated_rows_equal_native(ckpt_tiny):
         pytest.skip("the host CPU lacks AVX2/FMA/F16C: no native reference")
 
     class Emulated(Kernels):
-        def __init__(self, emulator):
-            self.emulator = emulator
+        def __init__(self, emulator, variant: str = "avx512vnni"):
+            self.emulator, self.variant = emulator, variant
             super().__init__("avx512", threads=1)
 
         def _choose(self, family):
@@ -182,16 +202,27 @@ def test_avx512_emulated_rows_equal_native(ckpt_tiny):
         def _bind(self, name, argtypes):
             return self.emulator.bind(name, ret="int" if name.startswith("gpt2asm_plan_step") else None)
 
+        def _q0_variant(self):                   # the emulated CPU's (Ice-Lake-like: VNNI, no AVX-VNNI)
+            return self.variant
+
+        def _address(self, name):                # q0 jobs call the emulated library's kernels
+            return self.emulator.address_of(name)
+
     lib = load_library()
     emu = Avx512Emulator(PKG_DIR / LIB_NAME, timeout=300.0)
     try:
         if emu.read_cstring(emu.call("gpt2asm_build_id")) != lib.gpt2asm_build_id():
             pytest.fail("the library on disk changed after gpt2asm loaded it (rebuilt meanwhile?)")
-        for dtype in ("f32", "f16"):
+        cases = [("f32", None), ("f16", None)]
+        if not IS_ARM:                           # q0 rows: ROWQUANT + the q0 matmul, one variant each
+            cases += [("q8_0", "avx512vnni"), ("q4_0", "avx512")]
+        for dtype, variant in cases:
             w = load_weights(ckpt_tiny, dtype)
             native = Kernels("avx2")
             N = Transformer(w, native)
-            E = Transformer(w, Emulated(emu))
+            E = Transformer(w, Emulated(emu) if variant is None else Emulated(emu, variant))
+            if variant is not None:
+                assert E.k.q0_names[f"matmul_{dtype}"] == f"gpt2asm_matmul_{dtype}_{variant}"
             assert E.k.has_batch
             rng = np.random.default_rng(11)
             batch, alone = twins(N, rng, 3)              # caches filled natively: the same bits everywhere
