@@ -290,10 +290,12 @@ def test_battn_and_rowargmax_jobs(families, kv, threads):
 
 
 def test_124m_shape_rows_same_bits_as_alone(tokenizer_dir):
-    """The real widths: 12 heads (claims of heads that cross rows), 768 / 3072 inputs, the 786-tile head."""
+    """The real widths: 12 heads (claims of heads that cross rows), 768 / 3072 inputs, the 786-tile head
+    (q8_0 / q4_0: its q8_0 records)."""
     from conftest import checkpoint
     ck = checkpoint("124M-2layer", tokenizer_dir, size="124M", n_layer=2, seed=3)
-    for dtype, threads in (("f16", 3), ("q8", 2)):
+    cases = [("f16", 3), ("q8", 2)] + ([] if IS_ARM else [("q8_0", 3), ("q4_0", 2)])
+    for dtype, threads in cases:
         with GPT2.load(ck, dtype=dtype, threads=threads) as m:
             M = m.model
             if not M.k.has_batch:
