@@ -2,7 +2,8 @@
 """make bench: one table from one run -- gpt2asm per kernel family x dtype x -j, beside the machine's read
 bandwidth bound, PyTorch and llama.cpp, all measured in this run.
 
-    python tools/bench.py --model DIR [--quick] [--threads 1,2] [--isa avx2,avx512] [--dtypes f32,f16,q8]
+    python tools/bench.py --model DIR [--quick] [--threads 1,2] [--isa avx2,avx512] [--dtypes f32,f16,q8_0,q4_0]
+                          [--batch 1,2,4,8,16,32] [--no-batch] [--no-server] [--no-ppl]
                           [--no-torch] [--no-llamacpp] [--repeat N] [--out results/bench.md]
 
 Every figure runs in its own fresh Python process (tools/bench.py --worker SPEC), one after the other, so
@@ -21,14 +22,32 @@ from different runs. Columns:
                    chunks as the plan's workers claim tiles; measured right before and right after the
                    row's run, the higher of the two) / bytes of weight matrices per token
     steps/TTFT     the same 512-token prompt as 512 cached steps, over the TTFT of the batched prefill
-    of FMA peak    the prefill's flop rate (its FMAs x 2 / TTFT) over the FMA peak at -j N (our FMA probe,
-                   gpt2asm_fmapeak_f32_<isa>: 12 or 16 independent chains), which bounds steps/TTFT: every
-                   (token, output) of a prefill is an exact fp32 FMA chain, as in a cached step
+    of FMA peak    the prefill's flop rate (its FMAs x 2 / TTFT) over the FMA peak of the row's kernel family at
+                   -j N (its own FMA probe, gpt2asm_fmapeak_f32_<family>: 12 or 16 independent chains), which
+                   bounds steps/TTFT: every (token, output) of a float prefill is an exact fp32 FMA chain, as
+                   in a cached step (q8_0 / q4_0 prefills are integer: no share)
     step/read      a decode step at position 200 against a read of the same weight bytes (our read kernel,
       paired       same -j), alternating in one process: median of read time / step time over 15 pairs
     Python %       share of a decode step spent outside the library (Python, ctypes, sampling)
     llama.cpp      llama-bench -n 128 -p 0 (decode) and -n 0 -p 512 (prefill), same checkpoint as GGUF F32 /
-                   F16 / Q8_0 (`make llamacpp` builds it; skipped when absent)
+                   F16 / Q8_0 / Q4_0 (`make llamacpp` builds it; skipped when absent)
+    vs llama.cpp   the row's decode tok/s over llama.cpp's Q8_0 and Q4_0 tg128
+      Q8_0 / Q4_0
+    TTFT 512 vs    fp32's TTFT of the same family and -j in this run over the row's, and llama.cpp's Q8_0
+      f32 / Q8_0   512 / pp512 over the row's (> 1x: the row is faster)
+    PPL vs fp32    perplexity over tools/data/ppl.txt (public domain, ~3k tokens; gpt2asm.scoring's sliding
+                   windows) and its change from fp32's; a table beside it: greedy agreement with fp32 and
+                   max |logit - fp32 logit| over every scored position
+    q8_0 / q4_0    bound = bytes of their matrices per token: 34 / 18 bytes per 32 weights (the fp16 scale
+                   included), the LM head in q8_0; skipped with a note while the build cannot run them
+                   (KernelUnavailableError)
+Tables after the main one:
+    batched        aggregate greedy decode tok/s of B = 1, 2, 4, 8, 16, 32 concurrent streams per dtype and
+                   -j (each stream prefilled with its own prompt to position ~200, then N steps of
+                   Transformer.step_batch for all B) and its ratio to B = 1; llama.cpp's
+                   llama-batched-bench S_TG beside it (-npp 200 -ntg N, prompts not shared) where built
+    server         `python -m gpt2asm serve` on 127.0.0.1 (ephemeral port) per dtype at the largest -j,
+                   8 concurrent streaming greedy clients: TTFT and inter-token p50 / p99, aggregate tok/s
     PyTorch        transformers GPT2LMHeadModel, fp32, torch.set_num_threads(N): generate() 200 tokens, and
                    one forward over 512 tokens for TTFT
 Results go to results/bench.md and results/bench.json.
@@ -445,10 +464,13 @@ def w_quality(model: str, dtypes: list, isa: str | None, threads: int, text: str
             a["lp"][first:end] = scoring.log_softmax(x)[np.arange(end - first), tgt]
             a["agree"] += int((x.argmax(axis=-1) == top).sum())
             a["n"] += end - first
+    skips = out["dtypes"]
+    out["dtypes"] = {}                                # fp32 first, then the dtypes in the order asked
     for dt, a in acc.items():
         out["dtypes"][dt] = {"ppl": scoring.perplexity(a["lp"]), "agreement": a["agree"] / max(a["n"], 1),
                              "max_dlogit": a["max_dlogit"], "scored": a["n"],
                              "tok_s": a["n"] / a["s"] if a["s"] else None}
+    out["dtypes"].update(skips)
     for m in [ref, *models.values()]:
         m.close()
     return out
@@ -530,8 +552,15 @@ def w_server(model: str, dtype: str, isa: str | None, threads: int, clients: int
             line = r.readline()
             if not line or line.strip() == b"data: [DONE]":
                 break
-            if line.startswith(b"data: ") and any(ch.get("text") for ch in json.loads(line[6:]).get("choices", [])):
-                stamps.append(time.perf_counter())
+            if line.startswith(b"data: "):
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(str(chunk["error"])[:200])
+                for ch in chunk.get("choices", []):
+                    if ch.get("finish_reason") == "error":
+                        raise RuntimeError("a stream ended with finish_reason 'error'")
+                if any(ch.get("text") for ch in chunk.get("choices", [])):
+                    stamps.append(time.perf_counter())
         c.close()
     try:
         while True:                                             # until /health says the model is loaded
@@ -969,7 +998,7 @@ def main(argv=None) -> int:
     lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
                  "batched prefill; last-token logits of both bit-identical: "
                  + (("yes, every row" if all(same) else f"NO in {same.count(False)} row(s)") if same else "–"))
-    lims = [f"{r['dtype']} -j {r['threads']} {r['steps_s'] / r['prefill_at_peak_s']:.1f}x" for r in rows
+    lims = [f"{r['isa']} {r['dtype']} -j {r['threads']} {r['steps_s'] / r['prefill_at_peak_s']:.1f}x" for r in rows
             if r.get("steps_s") and r.get("prefill_at_peak_s")]
     if lims:
         lines.append(f"- of FMA peak: the prefill's {prompt_len}-token flop count "
@@ -1056,7 +1085,8 @@ def _quality_table(quality: dict) -> list[str]:
             out.append(f"| {dt} | {'skipped' if 'skipped' in v else 'error: ' + v.get('error', '?')} |"
                        + " – |" * 5)
             continue
-        out.append(f"| {dt} | {v['ppl']:.3f} | {pct(v['ppl'] - ref['ppl'], ref['ppl']) if ref.get('ppl') else '–'} "
+        d = f"{v['ppl'] / ref['ppl'] - 1:+.3%}" if ref.get("ppl") else "–"
+        out.append(f"| {dt} | {v['ppl']:.3f} | {d} "
                    f"| {v['agreement']:.2%} | {v['max_dlogit']:.4g} | {v['scored']} | {fmt(v.get('tok_s'))} |")
     return out
 
@@ -1106,7 +1136,7 @@ def _server_table(server_res: dict, clients: int, requests: int, tokens: int, of
            "|---|---|---|---|---|---|---|---|"]
     for dt, v in server_res.items():
         if "requests" not in v:
-            out.append(f"| {dt} | – | {v.get('error') or v.get('skipped')} |" + " – |" * 5)
+            out.append(f"| {dt} | {v.get('threads', '–')} | – | – | – | – | – | {v.get('error') or v.get('skipped')} |")
             continue
         ms = lambda k: fmt(v.get(k) and v[k] * 1e3, ".0f")          # noqa: E731
         out.append(f"| {dt} | {v.get('threads', '–')} | {v['requests']} | {v['tokens']} | {ms('ttft_p50')} / "
