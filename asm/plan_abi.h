@@ -65,7 +65,7 @@
 /* ---- job record (three read-only cache lines, then the counters' own line) ----------------------- */
 #define J_SIZE              256     /* bytes                                                           */
 #define J_KIND              0       /* u32: KIND_*                                                   */
-#define J_FLAGS             4       /* u32: prologue | dtype | epilogue | ROWS | KV | claim shift | KV16 */
+#define J_FLAGS             4       /* u32: prologue | dtype | epilogue | ROWS | KV | claim shift | KV16 | Q0 */
 #define J_N                 8       /* u64: work items (tiles, heads; row jobs: per row)             */
 #define J_CHUNK             16      /* u64: items per claim (guided: the minimum), >= 1              */
 #define J_W                 24      /* u64: tiled weights                                            */
@@ -86,6 +86,16 @@
 #define J_LDX               136     /* u64: row jobs: floats between input rows                      */
 #define J_LDY               144     /* u64: row jobs: floats between output rows                     */
 #define J_LDR               152     /* u64: MATMUL+RESID: floats between rows of the residual (A0)   */
+/* q8_0 / q4_0 (FL_Q0 jobs and ROWQUANT; docs/kernels.md "q8_0 / q4_0 jobs"): Python puts the addresses of
+   the kernel variants it chose for this CPU into the job, so the executors know no variant              */
+#define J_QFN               160     /* u64: the activation quantizer, void (*)(const float *x, int8_t *xq,
+                                       float *xd, size_t n_in): MATVEC / QKV with Q0, ROWQUANT          */
+#define J_FN                168     /* u64: the q0 kernel: MATVEC / QKV: gpt2asm_matvec_{q8_0,q4_0}_<v>;
+                                       MATMUL: gpt2asm_matmul_{q8_0,q4_0}_<v>                           */
+#define J_XD                176     /* u64: ROWQUANT, MATMUL with Q0: the xd rows (float, J_LDD apart);
+                                       MATVEC / QKV with Q0: offset in a private area of the quantized
+                                       input: xq [n_in] int8 there, xd [n_in/32] float at + n_in         */
+#define J_LDD               184     /* u64: ROWQUANT, MATMUL with Q0: floats between xd rows          */
 #define J_COUNTERS          192     /* the counters' cache line: written by every thread             */
 #define J_CLAIM             192     /* u64: next unclaimed item (zeroed by plan_run)                */
 #define J_ARRIVE            200     /* u32: threads done with the job (zeroed by plan_run, with
@@ -99,7 +109,8 @@
 #define KIND_MATMUL         3
 #define KIND_ROWLN          4
 #define KIND_ROWATTN        5
-#define KIND_COUNT          6       /* kinds; the jump tables' guard entry                           */
+#define KIND_ROWQUANT       6       /* q8_0 / q4_0 prefill: rows of x -> xq / xd (PRO_LN: of LN(x))  */
+#define KIND_COUNT          7       /* kinds; the jump tables' guard entry                           */
 
 /* ---- flags (J_FLAGS): bit numbers B_* (AArch64 tests bits) and masks (x86 tests masks) ------------ */
 #define B_PRO_LN            0       /* LayerNorm(J_X) -> private h; the matvec reads h               */
@@ -115,6 +126,8 @@
 #define CLAIM_SHIFT_BITS    6
 #define B_KV16              14      /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
                                        halves; J_A3 counts elements)                                  */
+#define B_Q0                15      /* MATVEC, QKV, MATMUL: q8_0 / q4_0 tiled records, the kernel J_FN
+                                       (F16 and Q8 clear; not in FL_DTYPE_MASK: test it first)        */
 #define PRO_LN              (1<<B_PRO_LN)
 #define PRO_EMBED           (1<<B_PRO_EMBED)
 #define PRO_MASK            (PRO_LN|PRO_EMBED)
@@ -130,6 +143,7 @@
 #define FL_KV               (1<<B_KV)
 #define CLAIM_SHIFT_MASK    (((1<<CLAIM_SHIFT_BITS)-1)<<B_CLAIM_SHIFT)
 #define FL_KV16             (1<<B_KV16)
+#define FL_Q0               (1<<B_Q0)
 
 /* ---- the ARGMAX job's per-thread slots (at J_A0 + ARGMAX_SLOT * tid; PL_ARGMAX) -------------------- */
 #define ARGMAX_SLOT         16      /* bytes                                                           */
@@ -246,6 +260,10 @@ PLAN_FIELD(J_SCALE, u64, J_SIZE, scale)
 PLAN_FIELD(J_LDX, u64, J_SIZE, ldx)
 PLAN_FIELD(J_LDY, u64, J_SIZE, ldy)
 PLAN_FIELD(J_LDR, u64, J_SIZE, ldr)
+PLAN_FIELD(J_QFN, u64, J_SIZE, qfn)
+PLAN_FIELD(J_FN, u64, J_SIZE, fn)
+PLAN_FIELD(J_XD, u64, J_SIZE, xd)
+PLAN_FIELD(J_LDD, u64, J_SIZE, ldd)
 PLAN_VALUE(J_COUNTERS)
 PLAN_FIELD(J_CLAIM, u64, J_SIZE, claim)
 PLAN_FIELD(J_ARRIVE, u32, J_SIZE, arrive)
@@ -257,6 +275,7 @@ PLAN_VALUE(KIND_ATTN)
 PLAN_VALUE(KIND_MATMUL)
 PLAN_VALUE(KIND_ROWLN)
 PLAN_VALUE(KIND_ROWATTN)
+PLAN_VALUE(KIND_ROWQUANT)
 PLAN_VALUE(KIND_COUNT)
 
 PLAN_VALUE(B_PRO_LN)
@@ -284,6 +303,8 @@ PLAN_VALUE(FL_ROWS)
 PLAN_VALUE(FL_KV)
 PLAN_VALUE(CLAIM_SHIFT_MASK)
 PLAN_VALUE(FL_KV16)
+PLAN_VALUE(B_Q0)
+PLAN_VALUE(FL_Q0)
 
 PLAN_VALUE(ARGMAX_SLOT)
 PLAN_FIELD(AS_INDEX, u64, ARGMAX_SLOT, index)
@@ -304,7 +325,7 @@ PLAN_VALUE(ROWATTN_ROWS)
         .if POOL_SIZE != 256 || PL_HEADER % 64 || J_SIZE % 64
         .error  "plan_abi.h: pool_t is 256 bytes; the header and the job records are whole cache lines"
         .endif
-        .if J_COUNTERS % 64 || J_LDR + 8 > J_COUNTERS || J_CLAIM < J_COUNTERS || J_ARRIVE < J_COUNTERS
+        .if J_COUNTERS % 64 || J_LDR + 8 > J_COUNTERS || J_LDD + 8 > J_COUNTERS || J_CLAIM < J_COUNTERS || J_ARRIVE < J_COUNTERS
         .error  "plan_abi.h: the job's counters have their own cache line, after every read-only field"
         .endif
         .if J_SLEEPERS != J_ARRIVE + 4 || CTX_SEQ_SLEEPERS != CTX_SEQ + 4 || CTX_DONE_SLEEPERS != CTX_DONE + 4
@@ -316,7 +337,7 @@ PLAN_VALUE(ROWATTN_ROWS)
         .if CTX_END != CTX_FIRST + 8 || PL_POS != PL_TOKEN + 8 || CTX_SEQ != 0
         .error  "plan_abi.h: AArch64 stores first/end and token/pos with one stp, and parks on &ctx.seq = ctx"
         .endif
-        .if PRO_MASK + FL_DTYPE_MASK + EPI_MASK + FL_ROWS + FL_KV + CLAIM_SHIFT_MASK + FL_KV16 != 0x7fff
+        .if PRO_MASK + FL_DTYPE_MASK + EPI_MASK + FL_ROWS + FL_KV + CLAIM_SHIFT_MASK + FL_KV16 + FL_Q0 != 0xffff
         .error  "plan_abi.h: the flags overlap or leave a gap"
         .endif
         .if B_EPI_GELU != B_EPI || EPI_ARGMAX != EPI_MASK

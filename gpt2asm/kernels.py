@@ -16,6 +16,7 @@ Loading the library: lib.py; choosing the family by CPU probing: cpu.py; the Pyt
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import threading
 import weakref
@@ -85,6 +86,11 @@ EXECUTOR = {
     # size_t gpt2asm_plan_step_<isa>(pool_t *ctx, plan_t *plan, size_t token, size_t pos);
     "plan_step": ([P, P, N, N], c_size_t),
 }
+# q8_0 / q4_0 through the plan (FL_Q0 jobs and ROWQUANT, docs/kernels.md "q8_0 / q4_0 jobs"): the
+# families whose executor runs them.  A job carries the addresses of the kernel variants chosen for this
+# CPU (Kernels.q0_fns), so the executor knows no variant.  (AArch64: add "neon", "sme2" with the port of
+# the jobs to plan_aarch64.S, and their variants in Kernels._q0_symbols.)
+Q0_PLAN_FAMILIES = ("avx2", "avx512")
 # The library's pool (started only with threads > 1):
 #   void gpt2asm_worker_<isa>(pool_t *ctx, size_t tid);   returns at gpt2asm_pool_shutdown
 WORKER = ([P, N], None)
@@ -149,6 +155,11 @@ class Kernels:
             if fn is not None and restype is not None:
                 fn.restype = restype
             setattr(self, op, fn)
+        # q8_0 / q4_0: {"quantize", "matvec_q8_0", "matvec_q4_0", "matmul_q8_0", "matmul_q4_0"} -> address
+        self.q0_names = self._q0_symbols() if self.has_plan and self.family in Q0_PLAN_FAMILIES else None
+        self.q0_fns = None if self.q0_names is None else {
+            k: self._address(name) for k, name in self.q0_names.items()}
+        self.has_q8_0 = self.has_q4_0 = self.q0_fns is not None
         self.ctx = aligned_bytes(POOL_BYTES)                  # pool_t
         ctx32, ctx64 = self.ctx.view(np.uint32), self.ctx.view(np.uint64)
         ctx32[CTX_NTHREADS // 4] = threads if self.has_plan else 1
@@ -177,6 +188,26 @@ class Kernels:
         """A callable for one exported symbol taking integer addresses and sizes (a test harness may
         override it, e.g. to emulate)."""
         return bind(self.lib, name, argtypes)
+
+    def _q0_variant(self) -> str:
+        """The q8_0 / q4_0 kernel variant of the family on this CPU (q0kernels.q0_variant: VNNI where the
+        CPU has it; $GPT2ASM_Q0_PLAIN=1 forces the plain one).  A test harness may override it."""
+        from .q0kernels import q0_variant
+        return q0_variant(self.family)
+
+    def _q0_symbols(self) -> dict[str, str] | None:
+        """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any."""
+        v = self._q0_variant()
+        qisa = "avx512" if v.startswith("avx512") else "avx2"
+        names = {"quantize": f"gpt2asm_quantize_q8_0_{qisa}"}
+        names.update({f"{op}_{kind}": f"gpt2asm_{op}_{kind}_{v}" for op in ("matvec", "matmul")
+                      for kind in ("q8_0", "q4_0")})
+        return names if all(hasattr(self.lib, n) for n in names.values()) else None
+
+    def _address(self, name: str) -> int:
+        """The address of an exported function of the library (dlsym: the function itself, never a
+        test harness's trampoline), for a plan job to call.  A test harness may override it."""
+        return ctypes.addressof(ctypes.c_char.in_dll(self.lib, name))
 
     # -- the library's pool ---------------------------------------------------------------------------
 

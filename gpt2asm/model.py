@@ -37,9 +37,11 @@ from .args import token_id, token_ids
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
 from .kernels import Kernels
 from .plan import Plan
-from .validate import HEAD_DIM, KV_DTYPES, check
+from .validate import HEAD_DIM, KV_DTYPES, Q0_RECORD, check
 from .state import State, zeros
-from .weights import MATRIX_DTYPES, Weights
+from .weights import MATRIX_DTYPES, Q0_DTYPES, Weights
+
+HEAD_KIND = "q8_0"              # q8_0 / q4_0 models: the LM head's records (quant0.HEAD_KIND)
 
 PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers (~7 MB for GPT-2 124M)
 
@@ -88,7 +90,17 @@ class Transformer:
             raise InvalidArgumentError(f"weights dtype {w.dtype!r}: expected one of {', '.join(MATRIX_DTYPES)}")
         if w.dtype == "q8" and not self.k.has_q8:
             raise KernelUnavailableError(f"the {self.k.family} kernel family has no int8 (q8) kernels")
+        if w.dtype in Q0_DTYPES and not getattr(self.k, f"has_{w.dtype}", False):
+            raise KernelUnavailableError(f"the {self.k.family} kernel family runs no {w.dtype} plan jobs")
         for name, a, s, n_in, n_out in self._matrices():
+            if w.dtype in Q0_DTYPES:            # records [n_tiles][n_in/32][RECORD]; the head always q8_0
+                kind = HEAD_KIND if name == "head_w" else w.dtype
+                check(a, name, np.uint8, aligned=True)
+                if a.shape != (-(-n_out // 64), n_in // 32, Q0_RECORD[kind]) or n_in % 32:
+                    raise InvalidArgumentError(f"{name}: {kind} records {a.shape} do not fit {n_in}x{n_out}")
+                if s is not None:
+                    raise InvalidArgumentError(f"{name[:-2]}_s: scales go only with q8 weights")
+                continue
             check(a, name, MATRIX_DTYPES[w.dtype], aligned=True)
             if a.shape != (-(-n_out // 64), n_in, 64):
                 raise InvalidArgumentError(f"{name}: tiled shape {a.shape} does not fit {n_in}x{n_out}")
@@ -147,6 +159,8 @@ class Transformer:
         at positions pos + t (Plan.set_rows), r.x holding their embeddings; span "layer" i holds layer i's
         jobs, span "kv" i the first of them, all that fills the layer's k / v cache rows."""
         r, p = s.prefill_rows(PREFILL_ROWS), self.k.new_plan()
+        if self.w.dtype in Q0_DTYPES:
+            return self._build_prefill_plan_q0(s, r, p)
         for i, L in enumerate(self.w.layers):
             k, v = s.k[i], s.v[i]                                                 # [H][n_ctx][64]
             with p.span("layer"):
@@ -158,6 +172,26 @@ class Transformer:
                 p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                      # h = ln_2(x)
                 p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True, scale=scale(L, "fc"))  # fc = gelu(h W) [T][4C]
                 p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x, scale=scale(L, "proj"))  # x += fc W
+        return p.build()
+
+    def _build_prefill_plan_q0(self, s: State, r, p: Plan) -> Plan:
+        """build_prefill_plan for q8_0 / q4_0 records: each matmul reads its input rows quantized by a
+        ROWQUANT job just before it (the step's quantizer on the same floats: the same bits), into the
+        shared rows xq [R][4C] int8, xd [R][4C/32]."""
+        xq, xd = r.q0_rows()
+        for i, L in enumerate(self.w.layers):
+            k, v = s.k[i], s.v[i]                                                 # [H][n_ctx][64]
+            with p.span("layer"):
+                with p.span("kv"):
+                    p.rows_quantize(r.x, xq, xd, ln=(L.ln1_g, L.ln1_b))           # xq = q(ln_1(x))
+                    p.matmul(L.attn_w, xq, L.attn_b, r.q, kv=(k, v), xd=xd)       # q; k, v -> cache
+                p.rows_attention(r.q, k, v, r.att)                                # att, causal     [T][C]
+                p.rows_quantize(r.att, xq, xd)                                    # xq = q(att)
+                p.matmul(L.attn_proj_w, xq, L.attn_proj_b, r.y, resid=r.x, xd=xd)
+                p.rows_quantize(r.x, xq, xd, ln=(L.ln2_g, L.ln2_b))               # xq = q(ln_2(x))
+                p.matmul(L.fc_w, xq, L.fc_b, r.fc, gelu=True, xd=xd)              # fc = gelu(h W) [T][4C]
+                p.rows_quantize(r.fc, xq, xd)                                     # xq = q(fc)
+                p.matmul(L.proj_w, xq, L.proj_b, r.y, resid=r.x, xd=xd)           # x += fc W
         return p.build()
 
     def _step_plan(self, s: State) -> Plan:
@@ -270,8 +304,13 @@ class Transformer:
         r = s.prefill_rows(PREFILL_ROWS)
         logits = zeros((R, self.n_tiles_head * 64))                         # [R][vocab padded]
         head = self.k.new_plan()
-        head.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                   # h = ln_f(x)
-        head.matmul(w.head_w, r.h, w.head_b, logits, scale=scale(w, "head"))  # logits = h W_head
+        if w.dtype in Q0_DTYPES:
+            xq, xd = r.q0_rows()
+            head.rows_quantize(r.x, xq, xd, ln=(w.ln_f_g, w.ln_f_b))       # xq = q(ln_f(x))
+            head.matmul(w.head_w, xq, w.head_b, logits, xd=xd)               # logits = h W_head
+        else:
+            head.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                # h = ln_f(x)
+            head.matmul(w.head_w, r.h, w.head_b, logits, scale=scale(w, "head"))  # logits = h W_head
         head = head.build()
         out = np.empty((T, V), np.float32)
 

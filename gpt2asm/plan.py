@@ -19,8 +19,8 @@ import numpy as np
 
 from .args import integer, token_id
 from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
-from .validate import (HEAD_DIM, SIZE_MAX, TILE, addr, aligned_bytes, check, check_attention, check_cache,
-                       check_matrix, check_rows, is_int)
+from .validate import (HEAD_DIM, Q0_QK, Q0_RECORD, SIZE_MAX, TILE, addr, aligned_bytes, check,
+                       check_attention, check_cache, check_matrix, check_q0_matrix, check_rows, is_int)
 
 if TYPE_CHECKING:
     from .kernels import Kernels
@@ -34,6 +34,7 @@ from .plan_abi import (CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_S
                        EPI_ARGMAX, EPI_GELU, EPI_RESID, FL_F16, FL_KV, FL_KV16, FL_Q8, FL_ROWS, KIND_ATTN,
                        KIND_MATMUL, KIND_MATVEC, KIND_QKV, KIND_ROWATTN, KIND_ROWLN, PRO_EMBED, PRO_LN,
                        ROWATTN_ROWS)
+from .plan_abi import FL_Q0, KIND_ROWQUANT                                          # noqa: E402
 POOL_BYTES = _abi.POOL_SIZE
 PLAN_HEADER = _abi.PL_HEADER
 JOB_BYTES = _abi.J_SIZE
@@ -75,6 +76,7 @@ class Plan:
         self.jobs: list[tuple[int, int, dict]] = []
         self.keep: list[np.ndarray] = []
         self.priv_h = self.priv_e = self.priv_s = self.priv_kv = 0    # floats per thread
+        self.priv_q = 0                                      # bytes per thread: Q0 MATVEC / QKV's xq + xd
         self.embed: tuple | None = None                      # (wte, wpe, x)
         self.max_pos: int | None = None                      # positions < max_pos are valid
         self.max_token: int | None = None
@@ -144,8 +146,21 @@ class Plan:
         self._limit_pos(wpe.shape[0])
         self.keep += [wte, wpe, x]
 
-    def _weights(self, w, scale, n_tiles: int | None = None) -> tuple[int, int, int, dict]:
-        """A job's tiled weights (and int8 scales): (n_tiles, n_in, dtype flag, record fields)."""
+    def _weights(self, w, scale, n_tiles: int | None = None, op: str = "matvec") -> tuple[int, int, int, dict]:
+        """A job's tiled weights (and int8 scales): (n_tiles, n_in, dtype flag, record fields).  q8_0 /
+        q4_0 records (uint8 [n_tiles][n_in/32][RECORD]): FL_Q0, and the addresses of the quantizer and of
+        the variant's `op` kernel ("matvec" or "matmul") for them, from Kernels.q0_fns -- never the caller's."""
+        if isinstance(w, np.ndarray) and w.dtype == np.uint8:
+            n_tiles, n_in, kind = check_q0_matrix(w, "w", n_tiles)
+            if scale is not None:
+                raise InvalidArgumentError("w: a scale goes only with int8 (q8) weights, not q8_0 / q4_0 records")
+            fns = getattr(self.k, "q0_fns", None)
+            if not fns:
+                raise KernelUnavailableError(f"the {self.k.family} family runs no q8_0 / q4_0 plan jobs in "
+                                             f"this library")
+            return n_tiles, n_in, FL_Q0, dict(w=self._ptr(w), scale=0, n_in=n_in, qfn=fns["quantize"],
+                                              fn=fns[f"{op}_{kind}"],
+                                              tile_bytes=n_in // Q0_QK * Q0_RECORD[kind])
         n_tiles, n_in, dtype = check_matrix(w, "w", scale, n_tiles)
         flag = _WDTYPES[dtype]
         if flag == FL_Q8 and not self.k.has_q8:
@@ -189,6 +204,7 @@ class Plan:
             f.update(a0=self._ptr(slots), a1=int(argmax))
             chunk = ARGMAX_CHUNK if chunk is None else chunk
         f.update(wf, b=0 if b is None else self._ptr(b), y=self._ptr(y))
+        self._q0_input(wflag, n_in)
         job = self._add(KIND_MATVEC, flags | wflag, n_tiles, chunk, f)
         if argmax is not None:
             self.argmax_job = job
@@ -211,27 +227,40 @@ class Plan:
         self.priv_s = max(self.priv_s, H * (-(-n_ctx // 16) * 16))        # a score row per head
         f.update(wf, b=self._ptr(b), y=self._ptr(q), a0=self._ptr(k), a1=self._ptr(v), a2=self._ptr(out),
                  a3=n_ctx * HEAD_DIM)
+        self._q0_input(wflag, n_in)
         return self._add(KIND_QKV, flags | wflag | kvflag, H, None, f)
+
+    def _q0_input(self, wflag: int, n_in: int) -> None:
+        """A Q0 MATVEC / QKV quantizes its input into each thread's private area: xq [n_in] int8, then xd
+        [n_in/32] float32 (the job's `xd`: the area's offset, set by build())."""
+        if wflag == FL_Q0:
+            self.priv_q = max(self.priv_q, n_in + 4 * (n_in // Q0_QK))
 
     # -- prefill: row jobs over the n_tok rows of a run (set_rows) -----------------------------------
 
-    def _rows(self, a, name: str, width: int, writable: bool = False) -> int:
-        """A row buffer [R][ld >= width]: limits the rows per run to R; returns ld (floats)."""
-        R, ld = check_rows(a, name, width, writable)
+    def _rows(self, a, name: str, width: int, writable: bool = False, dtype=np.float32) -> int:
+        """A row buffer [R][ld >= width]: limits the rows per run to R; returns ld (elements: floats, or
+        bytes of the int8 xq rows)."""
+        R, ld = check_rows(a, name, width, writable, dtype)
         self._limit_rows(R)
         self.keep.append(a)
         return ld
 
     def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None, y: np.ndarray, *,
                scale: np.ndarray | None = None, gelu: bool = False, resid: np.ndarray | None = None,
-               kv: tuple | None = None, chunk: int | None = None) -> int:
+               kv: tuple | None = None, chunk: int | None = None, xd: np.ndarray | None = None) -> int:
         """Y[t] = W X[t] + b for the rows t < n_tok of a run (tiles are the items), x [R][>= n_in],
         y [R][>= 64 n_tiles]; then Y[t] = gelu(Y[t]), or resid[t] += Y[t] (resid [R][>= 64 n_tiles]).
         kv = (k, v), the caches [H][n_ctx][64]: w is c_attn (3H tiles); its q tiles go to y
-        ([R][>= 64 H]), its k and v tiles straight into the caches at rows pos .. pos + n_tok - 1."""
+        ([R][>= 64 H]), its k and v tiles straight into the caches at rows pos .. pos + n_tok - 1.
+        q8_0 / q4_0 records w: x is the quantized rows xq int8 [R][>= n_in] and xd their scales float32
+        [R][>= n_in/32] (written by rows_quantize; required with such w, refused otherwise)."""
         if not self.k.has_matmul:
             raise KernelUnavailableError(f"the {self.k.family} family has no matmul kernels in this library")
-        n_tiles, n_in, wflag, f = self._weights(w, scale)
+        n_tiles, n_in, wflag, f = self._weights(w, scale, op="matmul")
+        q0 = wflag == FL_Q0
+        if q0 != (xd is not None):
+            raise InvalidArgumentError("xd: the scales of the quantized rows go with (only) q8_0 / q4_0 weights")
         if b is not None:
             check(b, "b", np.float32, n_tiles * TILE)
         flags, width = wflag, n_tiles * TILE
@@ -244,10 +273,18 @@ class Plan:
             if n_tiles != 3 * H:
                 raise InvalidArgumentError(f"w: {n_tiles} tiles, expected {3 * H} (c_attn of {H} heads)")
             self._limit_pos(n_ctx)
-            flags, width = flags | FL_KV | self._kv16(kv[0], check_rows(x, "x", n_in)[0]), H * TILE
+            xdt = np.int8 if q0 else np.float32
+            flags, width = flags | FL_KV | self._kv16(kv[0], check_rows(x, "x", n_in, dtype=xdt)[0]), H * TILE
             f.update(a0=self._ptr(kv[0]), a1=self._ptr(kv[1]), a3=n_ctx * HEAD_DIM, a4=H)
-        f.update(ldx=self._rows(x, "x", n_in), ldy=self._rows(y, "y", width, writable=True), x=addr(x),
-                 y=addr(y), b=0 if b is None else self._ptr(b))
+        if q0:
+            f.update(ldx=self._rows(x, "xq", n_in, dtype=np.int8), xd=addr(xd),
+                     ldd=self._rows(xd, "xd", n_in // Q0_QK))
+            if np.may_share_memory(xd, y) or np.may_share_memory(xd, x):
+                raise InvalidArgumentError("xd must not overlap xq or y")
+        else:
+            f.update(ldx=self._rows(x, "x", n_in))
+        f.update(ldy=self._rows(y, "y", width, writable=True), x=addr(x), y=addr(y),
+                 b=0 if b is None else self._ptr(b))
         if np.may_share_memory(x, y):
             raise InvalidArgumentError("y must not overlap x")
         if gelu and resid is not None:
@@ -255,8 +292,9 @@ class Plan:
         if gelu:
             flags |= EPI_GELU
         if resid is not None:
-            if np.may_share_memory(resid, y) or np.may_share_memory(resid, x):
-                raise InvalidArgumentError("resid must not overlap x or y")
+            if np.may_share_memory(resid, y) or np.may_share_memory(resid, x) or (
+                    q0 and np.may_share_memory(resid, xd)):
+                raise InvalidArgumentError("resid must not overlap x, xd or y")
             f.update(ldr=self._rows(resid, "resid", n_tiles * TILE, writable=True), a0=addr(resid))
             flags |= EPI_RESID
         return self._add(KIND_MATMUL, flags, n_tiles, chunk, f)
@@ -273,6 +311,39 @@ class Plan:
         f = dict(ldx=self._rows(x, "x", n), ldy=self._rows(y, "y", n, writable=True), x=addr(x), y=addr(y),
                  g=self._ptr(g), beta=self._ptr(beta), n_in=n)
         return self._add(KIND_ROWLN, FL_ROWS, 1, chunk, f)
+
+    def rows_quantize(self, x: np.ndarray, xq: np.ndarray, xd: np.ndarray, *, ln=None,
+                      chunk: int | None = None) -> int:
+        """The q8_0 activation quantizer over the rows t < n_tok of a run (rows are the items): xq[t], xd[t]
+        = quantize(X[t]) -- or of layernorm(X[t]) with ln = (gain, bias) [n] (into the thread's private
+        h first) -- for the q0 matmul that reads them; x float32 [R][>= n], xq int8 [R][>= n], xd float32
+        [R][>= n/32].  n = the gain's length with ln, else x's row length (a multiple of 32)."""
+        fns = getattr(self.k, "q0_fns", None)
+        if not fns:
+            raise KernelUnavailableError(f"the {self.k.family} family runs no q8_0 / q4_0 plan jobs in this library")
+        flags, f = FL_ROWS, {}
+        if ln is not None:
+            if not (isinstance(ln, tuple) and len(ln) == 2 and isinstance(ln[0], np.ndarray) and ln[0].size >= 1):
+                raise InvalidArgumentError("ln: expected (gain, bias) float32 vectors")
+            n = ln[0].size
+            check(ln[0], "ln gain", np.float32, n)
+            check(ln[1], "ln bias", np.float32, n)
+            self.priv_h = max(self.priv_h, n)
+            flags |= PRO_LN
+            f.update(g=self._ptr(ln[0]), beta=self._ptr(ln[1]))
+        else:
+            if not (isinstance(x, np.ndarray) and x.ndim == 2):
+                raise InvalidArgumentError("x: expected float32 rows [R][n]")
+            n = x.shape[1]
+        if not (is_int(n) and 0 < n <= 1 << 15 and n % Q0_QK == 0):
+            raise InvalidArgumentError(f"rows_quantize: the row length must be a multiple of {Q0_QK} up to "
+                                       f"{1 << 15}, got {n}")
+        f.update(ldx=self._rows(x, "x", n), ldy=self._rows(xq, "xq", n, writable=True, dtype=np.int8),
+                 ldd=self._rows(xd, "xd", n // Q0_QK, writable=True), x=addr(x), y=addr(xq), xd=addr(xd),
+                 n_in=n, qfn=fns["quantize"])
+        if np.may_share_memory(x, xq) or np.may_share_memory(x, xd) or np.may_share_memory(xq, xd):
+            raise InvalidArgumentError("x, xq and xd must not overlap")
+        return self._add(KIND_ROWQUANT, flags, 1, chunk, f)
 
     def rows_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
                        chunk: int | None = None) -> int:
@@ -333,7 +404,8 @@ class Plan:
         h_off, e_off = 0, 4 * r16(self.priv_h)
         s_off = e_off + 4 * r16(self.priv_e)
         kv_off = s_off + 4 * r16(self.priv_s)
-        stride = max(64, kv_off + 4 * r16(self.priv_kv))
+        q_off = kv_off + 4 * r16(self.priv_kv)                   # Q0 MATVEC / QKV: xq, then xd (bytes)
+        stride = max(64, q_off + -(-self.priv_q // 64) * 64)
         self.priv = aligned_bytes(stride * self.k.threads)
         hdr = dict(n_jobs=n, priv=addr(self.priv), priv_stride=stride, h_off=h_off, e_off=e_off, s_off=s_off,
                    kv_off=kv_off, argmax=0 if self._slots is None else addr(self._slots))
@@ -347,6 +419,8 @@ class Plan:
             u32[2 * base + _abi.J_KIND // 4], u32[2 * base + _abi.J_FLAGS // 4] = kind, flags
             for key, val in fields.items():
                 u64[base + _J[key]] = val
+            if flags & FL_Q0 and kind in (KIND_MATVEC, KIND_QKV):
+                u64[base + _J["xd"]] = q_off                     # the private quantized input
         self.buf, self.addr, self.n_jobs = buf, addr(buf), n
         self._step = u64[:PLAN_HEADER // 8]
         return self

@@ -82,3 +82,13 @@ class Rows:
         self.att = zeros((R, C))                    # attention output
         self.y = zeros((R, C))                      # c_proj outputs, added to x
         self.fc = zeros((R, 4 * C))                 # MLP hidden
+        self.R, self.C = R, C
+        self.xq = self.xd = None                    # q8_0 / q4_0: quantized rows (q0_rows)
+
+    def q0_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The quantized input rows of the q8_0 / q4_0 prefill matmuls, allocated on first use and never
+        replaced: xq int8 [R][4C], xd float32 [R][4C/32] (each ROWQUANT job overwrites them)."""
+        if self.xq is None:
+            self.xq = aligned_zeros((self.R, 4 * self.C), np.int8)
+            self.xd = zeros((self.R, 4 * self.C // 32))
+        return self.xq, self.xd

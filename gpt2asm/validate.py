@@ -87,21 +87,47 @@ def check_matrix(w, name: str = "w", scale=None, n_tiles: int | None = None) -> 
     return nt, n_in, w.dtype
 
 
-def check_rows(a, name: str, width: int, writable: bool = False) -> tuple[int, int]:
-    """Validate a row buffer [rows][>= width] of float32, its elements contiguous within a row and rows
-    ld floats apart (a C-contiguous array, or a column slice of one): (rows, ld)."""
+def check_rows(a, name: str, width: int, writable: bool = False, dtype=np.float32) -> tuple[int, int]:
+    """Validate a row buffer [rows][>= width] of float32 (or dtype: the int8 xq rows of the q0 jobs), its
+    elements contiguous within a row and rows ld elements apart (a C-contiguous array, or a column slice
+    of one): (rows, ld)."""
     if not (isinstance(a, np.ndarray) and a.ndim == 2 and a.shape[0] >= 1):
         raise InvalidArgumentError(f"{name}: expected rows [n][{width}+]")
-    if a.dtype != np.float32:
-        raise InvalidArgumentError(f"{name}: dtype {a.dtype}, expected float32")
+    dt = np.dtype(dtype)
+    if a.dtype != dt:
+        raise InvalidArgumentError(f"{name}: dtype {a.dtype}, expected {dt}")
     if a.shape[1] < width:
-        raise InvalidArgumentError(f"{name}: rows of {a.shape[1]} floats, need {width}")
+        raise InvalidArgumentError(f"{name}: rows of {a.shape[1]} elements, need {width}")
     rs, cs = a.strides
-    if not (cs == 4 and rs >= 4 * a.shape[1] and rs % 4 == 0):
+    es = dt.itemsize
+    if not (cs == es and rs >= es * a.shape[1] and rs % es == 0):
         raise InvalidArgumentError(f"{name}: rows must be contiguous and in increasing address order")
     if writable and not a.flags.writeable:
         raise InvalidArgumentError(f"{name}: array is read-only")
-    return a.shape[0], rs // 4
+    return a.shape[0], rs // es
+
+
+# q8_0 / q4_0 tiled records (docs/kernels-q0.md; gpt2asm/quant0.py): bytes per (tile, block) record
+Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}
+Q0_QK = 32                      # inputs per block
+Q0_MAX_IN = 1 << 15             # the kernels' stack tables (q0kernels.Q0_MAX_IN)
+
+
+def check_q0_matrix(w, name: str = "w", n_tiles: int | None = None) -> tuple[int, int, str]:
+    """Validate q8_0 / q4_0 tiled records uint8 [n_tiles][n_in/32][RECORD] (64-byte aligned, C-contiguous):
+    (n_tiles, n_in, kind) -- the kind is told by the record size."""
+    kinds = {r: k for k, r in Q0_RECORD.items()}
+    if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.dtype == np.uint8 and w.shape[2] in kinds
+            and w.shape[0] >= 1 and w.shape[1] >= 1):
+        raise InvalidArgumentError(f"{name}: expected q8_0 / q4_0 records uint8 [n_tiles][n_in/32]"
+                                   f"[{' or '.join(map(str, kinds))}]")
+    nt, nb, rec = w.shape
+    if nb * Q0_QK > Q0_MAX_IN:
+        raise InvalidArgumentError(f"{name}: {nb * Q0_QK} inputs, at most {Q0_MAX_IN}")
+    if n_tiles is not None and nt != n_tiles:
+        raise InvalidArgumentError(f"{name}: {nt} tiles, expected {n_tiles}")
+    check(w, name, np.uint8, aligned=True)
+    return nt, nb * Q0_QK, kinds[rec]
 
 
 def aligned_bytes(nbytes: int) -> np.ndarray:

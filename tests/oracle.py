@@ -12,6 +12,8 @@ they do (the argmax by numpy).
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from gpt2asm.model import PREFILL_ROWS, Transformer, scale
@@ -19,8 +21,34 @@ from gpt2asm.state import State
 from gpt2asm.validate import HEAD_DIM, addr
 
 
+_Q0: dict = {}
+
+
+def q0(m: Transformer):
+    """The checked q8_0 / q4_0 kernels (gpt2asm.q0kernels.Q0Kernels) of m's family: the variant the plan
+    jobs use ($GPT2ASM_Q0_PLAIN as for them)."""
+    from gpt2asm.q0kernels import Q0Kernels, q0_variant
+    key = (m.k.family, q0_variant(m.k.family))
+    if key not in _Q0:
+        _Q0[key] = Q0Kernels(m.k.family)
+    return _Q0[key]
+
+
+def _floats(a: int, n: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_float * n).from_address(a))
+
+
+def _q0_kind(w: np.ndarray) -> str:
+    return {2176: "q8_0", 1152: "q4_0"}[w.shape[2]]
+
+
 def _matvec(m: Transformer, w: np.ndarray, s: np.ndarray | None, x: int, b: np.ndarray | None, y: int,
             n_in: int) -> None:
+    if w.dtype == np.uint8:                  # q8_0 / q4_0 records: quantize the input, then the matvec
+        K = q0(m)
+        xq, xd = K.quantize(_floats(x, n_in).copy())
+        K.matvec(_q0_kind(w), w, xq, xd, b, _floats(y, 64 * w.shape[0]))
+        return
     m.k.run(*m.k.matvec_job(w, x, None if b is None else addr(b), y, n_in, w.shape[0],
                             None if s is None else addr(s)))
 
@@ -28,6 +56,16 @@ def _matvec(m: Transformer, w: np.ndarray, s: np.ndarray | None, x: int, b: np.n
 def _matmul(m: Transformer, w: np.ndarray, s: np.ndarray | None, x: np.ndarray, b: np.ndarray | None,
             y: np.ndarray, T: int, n_in: int) -> None:
     """y[t] = W x[t] + b for the rows t < T of the C-contiguous row buffers x, y (the matmul kernels)."""
+    if w.dtype == np.uint8:                  # q8_0 / q4_0: every row quantized, then the q0 matmul
+        K = q0(m)
+        xq = np.empty((T, n_in), np.int8)
+        xd = np.empty((T, n_in // 32), np.float32)
+        for t in range(T):
+            K.quantize(np.ascontiguousarray(x[t, :n_in]), xq[t], xd[t])
+        out = np.empty((T, 64 * w.shape[0]), np.float32)
+        K.matmul(_q0_kind(w), w, xq, xd, b, out)
+        y[:T, :out.shape[1]] = out
+        return
     m.k.run(*m.k.matmul_job(w, addr(x), x.shape[1], None if b is None else addr(b), addr(y), y.shape[1],
                             T, n_in, w.shape[0], None if s is None else addr(s)))
 

@@ -19,7 +19,11 @@ CHECKPOINT_SHA256 = "c1bc16bc2a9a695fa92e15660e4bc5c502f79a814ace6f5525cb71cd469
 # (weight dtype, KV cache dtype; None = the default: f32 with f32 weights, f16 with f16 weights)
 PINNED = {("f32", None): "da2d2b23e9b41a544a4da45c56e9a238df68441bb854d65b86bf434975c7b7ed",
           ("f16", None): "7c3d11101eaa809fc94f3b83227560b7efc3c5fd79dad0004942e95f23f01449",
-          ("f16", "f32"): "9eb7876ea7ca6db07bc8528ea8e0dfd8be219a23096693b9eaed1155111099fe"}
+          ("f16", "f32"): "9eb7876ea7ca6db07bc8528ea8e0dfd8be219a23096693b9eaed1155111099fe",
+          # q8_0 / q4_0 (issue 17): integer dot products, the same bits with and without VNNI
+          # (tests/test_q0_model.py: plain variants, -j 3, prefill, the emulator, GGUF)
+          ("q8_0", None): "d85f4325c40ad5975e097240cb3994e49ea3b760eecdcfb250f71638fffb6eb2",
+          ("q4_0", None): "3afdbf09b2503520faeb130b60ce9d10d4dd3fa94d8de5c2039449646d52cb0a"}
 
 
 @pytest.fixture(scope="module")

@@ -231,14 +231,19 @@ def test_bad_checkpoint_values(tmp_path, bad, match):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_forward_pass_refuses_until_the_kernels_exist(ckpt_tiny, kind):
-    from gpt2asm import GPT2
+def test_forward_pass_refuses_without_the_plan_jobs(ckpt_tiny, kind, monkeypatch):
+    """A kernel family whose executor does not run the q0 jobs (kernels.Q0_PLAN_FAMILIES) refuses the
+    dtype by name -- never another dtype instead (the x86 families run them: tests/test_q0_model.py)."""
+    from gpt2asm import GPT2, kernels
+    monkeypatch.setattr(kernels, "Q0_PLAN_FAMILIES", ())
     with pytest.raises(KernelUnavailableError, match=f"gpt2asm_matvec_{kind}"):
         GPT2.load(ckpt_tiny, dtype=kind)
 
 
-def test_cli_dtype_q8_0_is_a_clean_error(ckpt_tiny, capsys):
+def test_cli_dtype_q8_0_is_a_clean_error(ckpt_tiny, capsys, monkeypatch):
+    from gpt2asm import kernels
     from gpt2asm.__main__ import main
+    monkeypatch.setattr(kernels, "Q0_PLAN_FAMILIES", ())
     assert main(["--model", str(ckpt_tiny), "--dtype", "q4_0", "-n", "2", "hi"]) == 2
     err = capsys.readouterr().err
     assert "q4_0" in err and "Traceback" not in err

@@ -267,21 +267,21 @@ vadd_avx512:
 /* the executor, once per kernel family                                                             */
 
 /* Frame of plan_jobs (after 6 pushes and sub $FRAME; rsp is 16-byte aligned at every call):
- *     0 .. 32(%rsp)   stack arguments 7-11 of the kernel being called
- *     40(%rsp)        end of the job range          48(%rsp)  first item of the claim
- *     56(%rsp)        end of the claim              64(%rsp)  current head / tile / row / item
- *     72(%rsp)        the job's item count          80(%rsp)  row of a MATMUL epilogue
- *     88(%rsp)        FL_KV16: the cache rows its staged k / v rows go to
+ *     0 .. 40(%rsp)   stack arguments 7-12 of the kernel being called (12: the q0 matmul)
+ *     56(%rsp)        end of the job range          64(%rsp)  first item of the claim
+ *     72(%rsp)        end of the claim              80(%rsp)  current head / tile / row / item
+ *     88(%rsp)        the job's item count          96(%rsp)  row of a MATMUL epilogue
+ *     104(%rsp)       FL_KV16: the cache rows its staged k / v rows go to
  * Callee-saved registers: r12 ctx, r13 plan, r14 current job, r15 thread id, rbx private area,
  * rbp the job's matvec input (x, or the private LayerNorm output). */
-#define F_END   40
-#define F_T0    48
-#define F_T1    56
-#define F_H     64
-#define F_N     72
-#define F_ROW   80
-#define F_KVDST 88
-#define FRAME   104
+#define F_END   56
+#define F_T0    64
+#define F_T1    72
+#define F_H     80
+#define F_N     88
+#define F_ROW   96
+#define F_KVDST 104
+#define FRAME   120
 
         /* rbp = the job's matvec input, after its prologue (embedding add, LayerNorm) */
         .macro  job_prologue isa, sfx
@@ -317,6 +317,17 @@ vadd_avx512:
         movq    J_NIN(%r14), %r8
         xcall   gpt2asm_layernorm_f32_\isa
 .Lpro_done_\sfx\()_\isa:
+        /* FL_Q0: every thread quantizes the input into its private area (J_XD: xq [n_in], then xd at
+         * + n_in) with the job's quantizer J_QFN; rbp = xq, which q0_mv_args turns into (xq, xd) */
+        unless_flag FL_Q0, .Lpro_q0_\sfx\()_\isa
+        movq    %rbp, %rdi
+        movq    %rbx, %rsi
+        addq    J_XD(%r14), %rsi                /* xq */
+        movq    J_NIN(%r14), %rcx
+        leaq    (%rsi,%rcx), %rdx               /* xd */
+        movq    %rsi, %rbp
+        call    *J_QFN(%r14)                    /* qfn(in, xq, xd, n_in) */
+.Lpro_q0_\sfx\()_\isa:
         .endm
 
         /* claim the next items: F_T0, F_T1 = [first, end); jump to \none if none is left.
@@ -424,8 +435,9 @@ vadd_avx512:
 
         /* the \op kernel of the job's dtype (FL_F16, FL_Q8 in its flags): gpt2asm_\op_f32 / _f16 with
          * the arguments as they are, gpt2asm_\op_q8 after the macro \q8args has moved them (and the
-         * scales, in r10) into its order */
-        .macro  dtype_call op, isa, q8args
+         * scales, in r10) into its order; FL_Q0: the job's kernel J_FN after \q0args */
+        .macro  dtype_call op, isa, q8args, q0args
+        if_flag FL_Q0, .Ldt0\@
         if_flag FL_DTYPE_MASK, .Ldt1\@
         xcall   gpt2asm_\op\()_f32_\isa
         jmp     .Ldt3\@
@@ -436,7 +448,43 @@ vadd_avx512:
 .Ldt2\@:
         \q8args
         xcall   gpt2asm_\op\()_q8_\isa
+        jmp     .Ldt3\@
+.Ldt0\@:
+        \q0args
+        call    *J_FN(%r14)
 .Ldt3\@:
+        .endm
+
+        /* matvec (w = rdi, x = rsi = xq of the job_prologue, b = rdx, y = rcx, n_in = r8, tile_begin = r9,
+         * tile_end = 0(%rsp)) -> gpt2asm_matvec_{q8_0,q4_0}'s (w, xq, xd = xq + n_in, b, y, n_in,
+         * tile_begin, tile_end) */
+        .macro  mv_q0_args
+        movq    0(%rsp), %rax
+        movq    %rax, 8(%rsp)                   /* tile_end */
+        movq    %r9, 0(%rsp)                    /* tile_begin */
+        movq    %r8, %r9                        /* n_in */
+        movq    %rcx, %r8                       /* y */
+        movq    %rdx, %rcx                      /* b */
+        leaq    (%rsi,%r9), %rdx                /* xd */
+        .endm
+
+        /* matmul (w = rdi, x = rsi = xq rows, ldx = rdx (bytes), b = rcx, y = r8, ldy = r9, n_tokens,
+         * n_in, tile_begin, tile_end = 0, 8, 16, 24(%rsp)) -> gpt2asm_matmul_{q8_0,q4_0}'s (w, xq, ldq,
+         * xd = J_XD, ldd = J_LDD, b, y, ldy, n_tokens, n_in, tile_begin, tile_end) */
+        .macro  mm_q0_args
+        movq    24(%rsp), %rax
+        movq    %rax, 40(%rsp)                  /* tile_end */
+        movq    16(%rsp), %rax
+        movq    %rax, 32(%rsp)                  /* tile_begin */
+        movq    8(%rsp), %rax
+        movq    %rax, 24(%rsp)                  /* n_in */
+        movq    0(%rsp), %rax
+        movq    %rax, 16(%rsp)                  /* n_tokens */
+        movq    %r9, 8(%rsp)                    /* ldy */
+        movq    %r8, 0(%rsp)                    /* y */
+        movq    %rcx, %r9                       /* b */
+        movq    J_LDD(%r14), %r8                /* ldd */
+        movq    J_XD(%r14), %rcx                /* xd */
         .endm
 
         /* matvec (w = rdi, x = rsi, b = rdx, y = rcx, n_in = r8, tile_begin = r9, tile_end = 0(%rsp))
@@ -472,7 +520,7 @@ vadd_avx512:
         .endm
 
         .macro  mv_call isa
-        dtype_call matvec, \isa, mv_q8_args
+        dtype_call matvec, \isa, mv_q8_args, mv_q0_args
         .endm
 
         /* the job's matvec over the claimed tiles [F_T0, F_T1): W (J_W, J_SCALE) times the input rbp,
@@ -508,7 +556,7 @@ vadd_avx512:
         .endm
 
         .macro  mm_call isa
-        dtype_call matmul, \isa, mm_q8_args
+        dtype_call matmul, \isa, mm_q8_args, mm_q0_args
         .endm
 
 /* The executor of a family: plan_jobs_<isa> walks the job range; per job it computes the item count
@@ -627,6 +675,7 @@ plan_jobs_\isa:
         kind_entry \isa, KIND_MATMUL, kind_matmul_\isa
         kind_entry \isa, KIND_ROWLN, kind_rowln_\isa
         kind_entry \isa, KIND_ROWATTN, kind_rowattn_\isa
+        kind_entry \isa, KIND_ROWQUANT, kind_rowquant_\isa
         kind_entry \isa, KIND_COUNT, .Lbarrier_\isa
 
         /* ---- MATVEC: y = W in + b over claimed tiles, then the epilogue on them.  ARGMAX: each thread
@@ -895,6 +944,50 @@ kind_rowln_\isa:
         cmpq    F_T1(%rsp), %rax
         jb      .Lrowln_row_\isa
         jmp     .Lrowln_\isa
+
+        /* ---- ROWQUANT (items = rows t < PL_NTOK): src = x[t ldx ..] (n_in floats), with PRO_LN first
+         * h = layernorm(src) into the private h and src = h; then J_QFN(src, y + t ldy (int8 xq row:
+         * ldy bytes), J_XD + t ldd (float xd row), n_in) */
+        .p2align 4
+/* kind_rowquant_<isa> (KIND_ROWQUANT): entered by jump from plan_jobs_<isa> (the common contract above);
+ * frame F_T0, F_T1, F_H (row); rbp the row's source. Leaves by `claim` jumping to .Lbarrier_<isa> once
+ * no item is left. */
+kind_rowquant_\isa:
+.Lrowquant_\isa:
+        claim   .Lbarrier_\isa
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+.Lrq_row_\isa:
+        movq    F_H(%rsp), %rbp
+        imulq   J_LDX(%r14), %rbp
+        shlq    $2, %rbp
+        addq    J_X(%r14), %rbp                 /* x row t */
+        unless_flag PRO_LN, 1f
+        movq    %rbp, %rdi
+        movq    J_G(%r14), %rsi
+        movq    J_BETA(%r14), %rdx
+        movq    %rbx, %rcx
+        addq    PL_H_OFF(%r13), %rcx
+        movq    %rcx, %rbp                      /* the private h */
+        movq    J_NIN(%r14), %r8
+        xcall   gpt2asm_layernorm_f32_\isa
+1:      movq    F_H(%rsp), %rax
+        movq    %rax, %rsi
+        imulq   J_LDY(%r14), %rsi
+        addq    J_Y(%r14), %rsi                 /* xq row t */
+        movq    %rax, %rdx
+        imulq   J_LDD(%r14), %rdx
+        shlq    $2, %rdx
+        addq    J_XD(%r14), %rdx                /* xd row t */
+        movq    %rbp, %rdi
+        movq    J_NIN(%r14), %rcx
+        call    *J_QFN(%r14)                    /* qfn(src, xq, xd, n_in) */
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      .Lrq_row_\isa
+        jmp     .Lrowquant_\isa
 
         /* ---- ROWATTN (items i < H * PL_NTOK): head h = i / PL_NTOK, row t = PL_NTOK - 1 - i % PL_NTOK
          * (each head's longest rows first, one head's cache rows reused by consecutive items):
