@@ -971,7 +971,7 @@ def main(argv=None) -> int:
                  if t800 else "")
               + f"; TTFT: a {prompt_len}-token prompt to its first token (best of {max(1, a.repeat)} run(s)); "
               f"decode weights {'mapped from the tile cache' if a.cache == 'warm' else 'tiled in memory'}; "
-              "KV cache: the default of each dtype (f32 for f32, binary16 for f16 and q8).",
+              "KV cache: the default of each dtype (f32 for f32, binary16 for the others).",
               "- start-up: to the first forward step in a fresh process (weights + kernels + tokenizer + model), "
               "cold = weights.load_weights, warm = gpt2asm.tilecache (tiles mapped); best of 2.",
               "- bound = read bandwidth at -j N measured just before and after the run (the higher of the two) "
