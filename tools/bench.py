@@ -987,7 +987,7 @@ def main(argv=None) -> int:
               "median of read time / step time; the best of the row's runs): the share of the bus a step "
               "reaches with both under the same load from the machine's neighbours.",
               f"- llama.cpp: {llama_note}; tg128 = `-n 128 -p 0`, TTFT = {prompt_len} / pp{prompt_len} "
-              f"(`-n 0 -p {prompt_len}`), same thread count; q8 compares with Q8_0.",
+              f"(`-n 0 -p {prompt_len}`), same thread count; q8 and q8_0 compare with Q8_0, q4_0 with Q4_0 (llama-quantize of the F32 GGUF).",
               "- PyTorch: " + ((", ".join(f"-j {j}: {v.get('error') or 'torch ' + v.get('version', '?')}"
                                           for j, v in torch_res.items())
                                 + f"; transformers fp32 generate() of {t200} tokens; TTFT = one forward over "
