@@ -50,7 +50,7 @@ bench: models                ## one table: ours per ISA x dtype x -j beside the 
 	$(PYTHON) tools/bench.py --model $(MODEL) $(BENCH_ARGS)
 
 .PHONY: llamacpp
-llamacpp: models             ## build llama.cpp's llama-bench from the llama-cpp-python sdist into .cache/llamacpp; GGUFs of $(MODEL)
+llamacpp: models             ## build llama.cpp's llama-bench, llama-quantize, llama-batched-bench from the llama-cpp-python sdist into .cache/llamacpp; GGUFs (F32/F16/Q8_0/Q4_0) of $(MODEL)
 	$(PYTHON) tools/llamacpp.py all --model $(MODEL)
 
 clean:

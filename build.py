@@ -143,7 +143,7 @@ COMMON_SYMBOLS = {
     "aarch64": ("gpt2asm_build_id", "gpt2asm_rdsvl", "gpt2asm_plan_abi"),
 }
 # bound by tools/ (bench)
-TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2", "gpt2asm_fmapeak_f32_avx2"),
+TOOL_SYMBOLS = {"x86_64": ("gpt2asm_readbw_f32_avx2", "gpt2asm_fmapeak_f32_avx2", "gpt2asm_fmapeak_f32_avx512"),
                 "aarch64": ("gpt2asm_readbw_f32_neon", "gpt2asm_fmapeak_f32_neon")}
 # test symbols: the clobber check's trampoline and state (gpt2asm/checkasm.py) and its self-tests
 # (tests/test_checkasm.py); asm/<arch>/checkasm_*.S.  Required by the export check, not in bound_symbols().

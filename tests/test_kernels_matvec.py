@@ -86,9 +86,10 @@ def load_lib(build: bool = True) -> ctypes.CDLL:
         if hasattr(lib, "gpt2asm_readbw_f32_avx2"):
             lib.gpt2asm_readbw_f32_avx2.argtypes = [P, S]
             lib.gpt2asm_readbw_f32_avx2.restype = ctypes.c_float
-        if hasattr(lib, "gpt2asm_fmapeak_f32_avx2"):
-            lib.gpt2asm_fmapeak_f32_avx2.argtypes = [S]
-            lib.gpt2asm_fmapeak_f32_avx2.restype = ctypes.c_float
+        for name in ("gpt2asm_fmapeak_f32_avx2", "gpt2asm_fmapeak_f32_avx512"):
+            if hasattr(lib, name):                  # float gpt2asm_fmapeak_f32_<isa>(size_t n);
+                getattr(lib, name).argtypes = [S]
+                getattr(lib, name).restype = ctypes.c_float
         _LIB = lib
     return _LIB
 
@@ -598,6 +599,21 @@ def test_fmapeak_probe():
         pytest.skip("no AVX2")
     for n in (0, 1, 7, 1000, 1 << 24):
         assert lib.gpt2asm_fmapeak_f32_avx2(n) == float(n)
+
+
+def test_fmapeak_probe_avx512():
+    """The AVX-512 family's own FMA-peak probe (make bench's avx512 rows): the same n in every chain,
+    natively where the CPU has AVX-512, else on the emulated CPU (tests/avx512emu.py)."""
+    lib = load_lib()
+    if "avx512" in cpu_isas(lib):
+        for n in (0, 1, 7, 1000, 1 << 24):
+            assert lib.gpt2asm_fmapeak_f32_avx512(n) == float(n)
+        return
+    emu, why = emulator()
+    if emu is None:
+        pytest.skip(f"no AVX-512 on this CPU and no emulator: {why}")
+    for n in (0, 1, 7, 100):
+        assert emu.call("gpt2asm_fmapeak_f32_avx512", n, ret="float") == float(n)
 
 
 # ---- over-read checks with PROT_NONE guard pages, in a forked child (a fault must not kill pytest)

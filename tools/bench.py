@@ -2,7 +2,8 @@
 """make bench: one table from one run -- gpt2asm per kernel family x dtype x -j, beside the machine's read
 bandwidth bound, PyTorch and llama.cpp, all measured in this run.
 
-    python tools/bench.py --model DIR [--quick] [--threads 1,2] [--isa avx2,avx512] [--dtypes f32,f16,q8]
+    python tools/bench.py --model DIR [--quick] [--threads 1,2] [--isa avx2,avx512] [--dtypes f32,f16,q8_0,q4_0]
+                          [--batch 1,2,4,8,16,32] [--no-batch] [--no-server] [--no-ppl]
                           [--no-torch] [--no-llamacpp] [--repeat N] [--out results/bench.md]
 
 Every figure runs in its own fresh Python process (tools/bench.py --worker SPEC), one after the other, so
@@ -21,14 +22,32 @@ from different runs. Columns:
                    chunks as the plan's workers claim tiles; measured right before and right after the
                    row's run, the higher of the two) / bytes of weight matrices per token
     steps/TTFT     the same 512-token prompt as 512 cached steps, over the TTFT of the batched prefill
-    of FMA peak    the prefill's flop rate (its FMAs x 2 / TTFT) over the FMA peak at -j N (our FMA probe,
-                   gpt2asm_fmapeak_f32_<isa>: 12 or 16 independent chains), which bounds steps/TTFT: every
-                   (token, output) of a prefill is an exact fp32 FMA chain, as in a cached step
+    of FMA peak    the prefill's flop rate (its FMAs x 2 / TTFT) over the FMA peak of the row's kernel family at
+                   -j N (its own FMA probe, gpt2asm_fmapeak_f32_<family>: 12 or 16 independent chains), which
+                   bounds steps/TTFT: every (token, output) of a float prefill is an exact fp32 FMA chain, as
+                   in a cached step (q8_0 / q4_0 prefills are integer: no share)
     step/read      a decode step at position 200 against a read of the same weight bytes (our read kernel,
       paired       same -j), alternating in one process: median of read time / step time over 15 pairs
     Python %       share of a decode step spent outside the library (Python, ctypes, sampling)
     llama.cpp      llama-bench -n 128 -p 0 (decode) and -n 0 -p 512 (prefill), same checkpoint as GGUF F32 /
-                   F16 / Q8_0 (`make llamacpp` builds it; skipped when absent)
+                   F16 / Q8_0 / Q4_0 (`make llamacpp` builds it; skipped when absent)
+    vs llama.cpp   the row's decode tok/s over llama.cpp's Q8_0 and Q4_0 tg128
+      Q8_0 / Q4_0
+    TTFT 512 vs    fp32's TTFT of the same family and -j in this run over the row's, and llama.cpp's Q8_0
+      f32 / Q8_0   512 / pp512 over the row's (> 1x: the row is faster)
+    PPL vs fp32    perplexity over tools/data/ppl.txt (public domain, ~3k tokens; gpt2asm.scoring's sliding
+                   windows) and its change from fp32's; a table beside it: greedy agreement with fp32 and
+                   max |logit - fp32 logit| over every scored position
+    q8_0 / q4_0    bound = bytes of their matrices per token: 34 / 18 bytes per 32 weights (the fp16 scale
+                   included), the LM head in q8_0; skipped with a note while the build cannot run them
+                   (KernelUnavailableError)
+Tables after the main one:
+    batched        aggregate greedy decode tok/s of B = 1, 2, 4, 8, 16, 32 concurrent streams per dtype and
+                   -j (each stream prefilled with its own prompt to position ~200, then N steps of
+                   Transformer.step_batch for all B) and its ratio to B = 1; llama.cpp's
+                   llama-batched-bench S_TG beside it (-npp 200 -ntg N, prompts not shared) where built
+    server         `python -m gpt2asm serve` on 127.0.0.1 (ephemeral port) per dtype at the largest -j,
+                   8 concurrent streaming greedy clients: TTFT and inter-token p50 / p99, aggregate tok/s
     PyTorch        transformers GPT2LMHeadModel, fp32, torch.set_num_threads(N): generate() 200 tokens, and
                    one forward over 512 tokens for TTFT
 Results go to results/bench.md and results/bench.json.
@@ -49,10 +68,23 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 PROMPT = "Alan Turing theorized that computers would one day become"
-LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8": "Q8_0"}
+LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8": "Q8_0", "q8_0": "Q8_0", "q4_0": "Q4_0"}
+Q0_DTYPES = ("q8_0", "q4_0")
+Q0_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}       # bytes per block of 32 weights, its fp16 scale included
 WORKER_TIMEOUT = 1200
 READBW = {"x86_64": "gpt2asm_readbw_f32_avx2", "aarch64": "gpt2asm_readbw_f32_neon"}   # our read kernel
-FMAPEAK = {"x86_64": ("gpt2asm_fmapeak_f32_avx2", 192), "aarch64": ("gpt2asm_fmapeak_f32_neon", 128)}  # flop/iter
+# each kernel family's own FMA probe: (symbol, flop per iteration); a family without one uses its arch's first
+FMAPEAK = {"x86_64": {"avx2": ("gpt2asm_fmapeak_f32_avx2", 192), "avx512": ("gpt2asm_fmapeak_f32_avx512", 384)},
+           "aarch64": {"neon": ("gpt2asm_fmapeak_f32_neon", 128)}}
+TEXT = ROOT / "tools" / "data" / "ppl.txt"      # the public-domain text of the "PPL vs fp32" column
+BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def fmapeak_probe(arch: str, isa: str | None) -> tuple[str, int, str]:
+    """(symbol, flop per iteration, the family it measures) of the FMA probe of kernel family isa."""
+    probes = FMAPEAK[arch]
+    fam = isa if isa in probes else next(iter(probes))
+    return (*probes[fam], fam)
 
 
 def emulated() -> str:
@@ -125,18 +157,23 @@ def _best_rate(fn, args: list[tuple], units: float, reps: int) -> float:
     return best
 
 
-def w_fmapeak(threads: int, seconds: float = 0.3, reps: int = 3) -> dict:
-    """GFLOP/s of fp32 FMAs on `threads` threads at once (our FMA probe, register operands only)."""
+def w_fmapeak(threads: int, isa: str | None = None, seconds: float = 0.3, reps: int = 3) -> dict:
+    """GFLOP/s of fp32 FMAs on `threads` threads at once (the FMA probe of kernel family isa, register
+    operands only)."""
     import ctypes
 
     from gpt2asm.lib import ARCH, load_library
-    name, flop = FMAPEAK[ARCH]
-    fn = getattr(load_library(), name)
+    name, flop, fam = fmapeak_probe(ARCH, isa)
+    lib = load_library()
+    if not hasattr(lib, name):                         # an older library: the arch's first probe, said so
+        name, flop, fam = fmapeak_probe(ARCH, None)
+    fn = getattr(lib, name)
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_float
     t0 = time.perf_counter()
     fn(1 << 20)
     n = max(1 << 16, int((1 << 20) * seconds / max(time.perf_counter() - t0, 1e-6)))
-    return {"gflops": _best_rate(fn, [(n,)] * threads, n * flop * threads / 1e9, reps)}
+    return {"gflops": _best_rate(fn, [(n,)] * threads, n * flop * threads / 1e9, reps), "probe": name,
+            "probe_family": fam}
 
 
 def prefill_flop(cfg, T: int) -> int:
@@ -164,6 +201,7 @@ def _build(model: Path, dtype: str, isa, threads: int, cache: str):
         m = GPT2.load(model, dtype=dtype, isa=isa, threads=threads)
         return m, time.perf_counter() - t0, {"how": "GPT2.load"}
     k = Kernels(isa, threads)
+    _check_q0(dt, k)
     t1 = time.perf_counter()
     if cache == "cold":
         w, how = load_weights(model, dt), "load_weights"
@@ -178,6 +216,27 @@ def _build(model: Path, dtype: str, isa, threads: int, cache: str):
     t4 = time.perf_counter()
     return m, t4 - t0, {"how": how, "weights_s": t2 - t1, "tokenizer_s": t3 - t2, "kernels_s": t1 - t0,
                         "model_s": t4 - t3}
+
+
+def _check_q0(dtype: str, kernels) -> None:
+    """KernelUnavailableError where GPT2.load would raise it (q8_0 / q4_0 before the plan runs them)."""
+    from gpt2asm import engine
+    check = getattr(engine, "_check_kernels_for", None)
+    if check is not None:
+        try:
+            check(dtype, kernels)
+        except BaseException:
+            kernels.close()
+            raise
+
+
+def q0_matrix_bytes(w) -> int:
+    """Bytes a q8_0 / q4_0 decode step reads of weight matrices: the 4 block matrices of every layer in the
+    dtype's blocks (34 or 18 bytes per 32 weights, the fp16 scale included) and the LM head in q8_0 (as
+    weights.load_weights stores both dtypes' heads), its vocabulary padded as the tiles are."""
+    cfg = w.config
+    C, L, V = cfg.n_embd, cfg.n_layer, getattr(w, "n_vocab_padded", cfg.vocab_size)
+    return (12 * C * C * L * Q0_BLOCK_BYTES[w.dtype] + V * C * Q0_BLOCK_BYTES["q8_0"]) // 32
 
 
 def w_startup(model: str, dtype: str, cache: str) -> dict:
@@ -202,6 +261,9 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
     mats = [getattr(o, n, None) for o, n in matrix_slots(m.model.w)]          # matrices and int8 scales
     nbytes = sum(a.nbytes for a in mats if a is not None)
     out = {"weight_bytes": nbytes, "load_s": load_s, **detail}
+    if dtype in Q0_DTYPES:                            # the blocks' bytes (the records may hold padding)
+        out["record_bytes"], nbytes = nbytes, q0_matrix_bytes(m.model.w)
+        out["weight_bytes"] = nbytes
     # decode runs from anonymous memory: wait for the background copy of the mapped tiles (resident.py;
     # the start-up figures are measured separately, to the first forward step)
     res = getattr(m.model, "resident", None)
@@ -354,7 +416,208 @@ def w_torch(model: str, threads: int, tokens: int, prompt_len: int) -> dict:
     return out
 
 
-WORKERS = {"readbw": w_readbw, "fmapeak": w_fmapeak, "startup": w_startup, "ours": w_ours, "torch": w_torch}
+def w_quality(model: str, dtypes: list, isa: str | None, threads: int, text: str, max_tokens: int) -> dict:
+    """Each dtype against fp32 over the text in file `text` (its first max_tokens tokens; 0 = all), scored
+    as gpt2asm.scoring scores text (transformers' sliding windows of n_ctx, stride 512; log-softmax in
+    float64): PPL, and over every scored position greedy agreement (argmax of the dtype's logits = fp32's)
+    and max |logit - fp32 logit|.  A dtype the build cannot run yet is 'skipped' with its message."""
+    import numpy as np
+
+    from gpt2asm import scoring
+    from gpt2asm.engine import GPT2
+    from gpt2asm.errors import KernelUnavailableError
+    body = "".join(line for line in Path(text).read_text(encoding="utf-8").splitlines(keepends=True)
+                   if not line.startswith("#"))                    # the header lines name the source
+    ref = GPT2.load(model, dtype="f32", isa=isa, threads=threads)
+    ids = ref.encode(body)
+    ids = ids[:max_tokens] if max_tokens else ids
+    models, out = {}, {"tokens": len(ids), "text": str(text), "dtypes": {}}
+    for dt in dtypes:
+        if dt == "f32":
+            continue
+        try:
+            models[dt] = GPT2.load(model, dtype=dt, isa=isa, threads=threads)
+        except KernelUnavailableError as e:
+            out["dtypes"][dt] = {"skipped": str(e).split(";")[0]}
+        except Exception as e:
+            out["dtypes"][dt] = {"error": f"{type(e).__name__}: {e}"}
+    acc = {dt: {"lp": np.full(len(ids), np.nan), "agree": 0, "n": 0, "max_dlogit": 0.0, "s": 0.0}
+           for dt in ["f32", *models]}
+    stride = scoring.default_stride(ref.config.n_ctx)
+    for begin, end, first in scoring.windows(len(ids), ref.config.n_ctx, stride):
+        if first >= end:
+            continue
+        rows, tgt = slice(first - 1 - begin, end - 1 - begin), ids[first:end]
+        t0 = time.perf_counter()
+        r = ref.logits(ids[begin:end])[rows]                    # [end - first][V] predicting tokens first..end-1
+        acc["f32"]["s"] += time.perf_counter() - t0
+        top = r.argmax(axis=-1)
+        for dt, m in [("f32", ref), *models.items()]:
+            a = acc[dt]
+            if dt != "f32":
+                t0 = time.perf_counter()
+                x = m.logits(ids[begin:end])[rows]
+                a["s"] += time.perf_counter() - t0
+                a["max_dlogit"] = max(a["max_dlogit"], float(np.abs(x.astype(np.float64) - r).max()))
+            else:
+                x = r
+            a["lp"][first:end] = scoring.log_softmax(x)[np.arange(end - first), tgt]
+            a["agree"] += int((x.argmax(axis=-1) == top).sum())
+            a["n"] += end - first
+    skips = out["dtypes"]
+    out["dtypes"] = {}                                # fp32 first, then the dtypes in the order asked
+    for dt, a in acc.items():
+        out["dtypes"][dt] = {"ppl": scoring.perplexity(a["lp"]), "agreement": a["agree"] / max(a["n"], 1),
+                             "max_dlogit": a["max_dlogit"], "scored": a["n"],
+                             "tok_s": a["n"] / a["s"] if a["s"] else None}
+    out["dtypes"].update(skips)
+    for m in [ref, *models.values()]:
+        m.close()
+    return out
+
+
+def w_batch(model: str, dtype: str, isa: str | None, threads: int, batches: list, pos: int, steps: int) -> dict:
+    """Aggregate greedy decode of B streams at once (Transformer.step_batch: one engine call per step for all
+    B): max(batches) states each prefilled with its own random prompt of pos tokens; for each B, the first B
+    of them rewound to position pos (each step rewrites cache rows a step already wrote), one untimed step,
+    rewound again, then `steps` timed steps, each feeding every stream its own argmax.  tokens/s summed
+    over the B streams."""
+    import numpy as np
+
+    from gpt2asm.engine import GPT2
+    m = GPT2.load(model, dtype=dtype, isa=isa, threads=threads)
+    rng = np.random.default_rng(3)
+    states, first = [], []
+    for _ in range(max(batches)):
+        st = m.model.new_state()
+        first.append(m.model.prefill(st, [int(x) for x in rng.integers(0, m.config.vocab_size - 1, pos)])[1] or 0)
+        states.append(st)
+    n0 = states[0].n
+    out = {"pos": n0, "steps": steps, "rows": {}}
+    for B in batches:
+        sts = states[:B]
+        for s in sts:
+            s.n = n0
+        m.model.step_batch(sts, first[:B])                     # warm-up
+        for s in sts:
+            s.n = n0
+        cur = first[:B]
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            cur = [a or 0 for a in m.model.step_batch(sts, cur)[1]]
+        dt = time.perf_counter() - t0
+        out["rows"][str(B)] = {"tok_s": B * steps / dt, "step_s": dt / steps}
+    m.close()
+    return out
+
+
+def w_server(model: str, dtype: str, isa: str | None, threads: int, clients: int, requests: int,
+             max_tokens: int, limit_s: float) -> dict:
+    """`python -m gpt2asm serve` on 127.0.0.1 (an ephemeral port), then `clients` concurrent streaming
+    greedy clients, each sending `requests` completions of max_tokens one after the other (after one
+    untimed request): TTFT (request sent to first streamed token) and inter-token gaps (between a stream's
+    successive chunks), p50 / p99 over all.  Everything bounded by limit_s; the server gets SIGTERM."""
+    import http.client
+    import signal
+    import socket
+    import tempfile
+    import threading
+
+    import numpy as np
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "gpt2asm", "serve", "--model", model, "--dtype", dtype, "-j", str(threads),
+           "--host", "127.0.0.1", "--port", str(port), "--max-batch", str(max(8, clients)),
+           "--log-level", "warning", "--offline"] + (["-s", isa] if isa else [])
+    log = tempfile.TemporaryFile(mode="w+")
+    p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
+                         stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + limit_s
+
+    def tail():
+        log.seek(0)
+        return log.read().strip()[-400:]
+
+    def request(prompt: str, stamps: list) -> None:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=max(1.0, deadline - time.monotonic()))
+        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True})
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+        stamps.append(t0)
+        while time.monotonic() < deadline:
+            line = r.readline()
+            if not line or line.strip() == b"data: [DONE]":
+                break
+            if line.startswith(b"data: "):
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(str(chunk["error"])[:200])
+                for ch in chunk.get("choices", []):
+                    if ch.get("finish_reason") == "error":
+                        raise RuntimeError("a stream ended with finish_reason 'error'")
+                if any(ch.get("text") for ch in chunk.get("choices", [])):
+                    stamps.append(time.perf_counter())
+        c.close()
+    try:
+        while True:                                             # until /health says the model is loaded
+            if p.poll() is not None:
+                return {"error": f"the server exited {p.returncode}: {tail()}"}
+            if time.monotonic() > deadline:
+                return {"error": f"the server did not come up in {limit_s:.0f} s"}
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        request(PROMPT, [])                                     # warm-up
+        streams, errors = [], []
+
+        def client(i):
+            for k in range(requests):
+                st = []
+                try:
+                    request(f"{PROMPT} ({i}.{k})", st)
+                except Exception as e:
+                    errors.append(f"{type(e).__name__}: {e}")
+                    return
+                streams.append(st)
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(max(0.0, deadline - time.monotonic()))
+        wall = time.perf_counter() - t0
+        ttft = [s[1] - s[0] for s in streams if len(s) > 1]
+        gaps = [b - a for s in streams for a, b in zip(s[1:], s[2:])]
+        out = {"clients": clients, "threads": threads, "requests": len(streams), "errors": errors[:3],
+               "max_tokens": max_tokens,
+               "tokens": sum(len(s) - 1 for s in streams), "wall_s": wall}
+        for name, v in (("ttft", ttft), ("itl", gaps)):
+            if v:
+                out[f"{name}_p50"], out[f"{name}_p99"] = (float(x) for x in np.percentile(v, [50, 99]))
+        out["tok_s"] = out["tokens"] / wall if wall else None
+        return out
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        log.close()
+
+
+WORKERS = {"readbw": w_readbw, "fmapeak": w_fmapeak, "startup": w_startup, "ours": w_ours, "torch": w_torch,
+           "quality": w_quality, "batch": w_batch, "server": w_server}
 
 
 def worker_main(spec: str) -> int:
@@ -363,7 +626,10 @@ def worker_main(spec: str) -> int:
     try:
         res = WORKERS[kind](**s)
     except Exception as e:                             # reported in the table, never fatal
-        res = {"error": f"{type(e).__name__}: {e}"}
+        if type(e).__name__ == "KernelUnavailableError":       # q8_0 / q4_0 before the plan runs them
+            res = {"skipped": str(e).split(";")[0]}
+        else:
+            res = {"error": f"{type(e).__name__}: {e}"}
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 
@@ -428,7 +694,20 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=None, help="TTFT prompt length (default 512; quick 128)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--isa", default=None, help="kernel families (default: every one this CPU has)")
-    ap.add_argument("--dtypes", default=None, help="default f32,f16 and q8 when the engine has it")
+    ap.add_argument("--dtypes", default=None,
+                    help="default f32,f16 and those of q8,q8_0,q4_0 the engine knows (a dtype the build cannot "
+                         "run yet is skipped with a note)")
+    ap.add_argument("--batch", default=None, metavar="B,..",
+                    help="concurrent greedy streams of the batch table (default 1,2,4,8,16,32; quick 1,2,4,8)")
+    ap.add_argument("--batch-steps", type=int, default=None, help="timed steps per B (default 32; quick 8)")
+    ap.add_argument("--no-batch", action="store_true", help="no batch table")
+    ap.add_argument("--no-server", action="store_true", help="no server latency table")
+    ap.add_argument("--server-clients", type=int, default=8, help="concurrent streaming clients (default 8)")
+    ap.add_argument("--server-requests", type=int, default=None, help="requests per client (default 4; quick 1)")
+    ap.add_argument("--server-tokens", type=int, default=None, help="max_tokens per request (default 64; quick 16)")
+    ap.add_argument("--no-ppl", action="store_true", help="no PPL / greedy agreement / max |dlogit| vs fp32")
+    ap.add_argument("--ppl-tokens", type=int, default=None,
+                    help=f"tokens of {TEXT.relative_to(ROOT)} to score (default 0 = all; quick 256)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each of our rows; the best is kept")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-llamacpp", action="store_true")
@@ -450,7 +729,15 @@ def main(argv=None) -> int:
     threads = [int(t) for t in a.threads.split(",")]
     fams = a.isa.split(",") if a.isa else available_families()
     q8 = q8_supported()
-    dtypes = a.dtypes.split(",") if a.dtypes else ["f32", "f16"] + (["q8"] if q8 else [])
+    from gpt2asm.engine import DTYPES
+    dtypes = a.dtypes.split(",") if a.dtypes else ["f32", "f16"] + [d for d in ("q8", *Q0_DTYPES) if d in DTYPES]
+    batches = [int(b) for b in (a.batch or ("1,2,4,8" if a.quick else ",".join(map(str, BATCHES)))).split(",")]
+    if not batches or min(batches) < 1:
+        ap.error("--batch: positive stream counts")
+    batch_steps = a.batch_steps or (8 if a.quick else 32)
+    srv_requests = a.server_requests or (1 if a.quick else 4)
+    srv_tokens = a.server_tokens or (16 if a.quick else 64)
+    ppl_tokens = a.ppl_tokens if a.ppl_tokens is not None else (256 if a.quick else 0)
     reps = a.llama_reps if a.llama_reps is not None else (1 if a.quick else 3)
     t_start = time.time()
     phases: dict = {}
@@ -469,13 +756,16 @@ def main(argv=None) -> int:
 
     say("read bandwidth, FMA peak")
     bw = {j: [spawn("readbw", threads=j)] for j in threads}
-    peak = {j: [spawn("fmapeak", threads=j)] for j in threads}
+    peak = {(f, j): [spawn("fmapeak", threads=j, isa=f)] for f in fams for j in threads}   # each family's own
 
-    startup = {}
+    startup, skipped = {}, {}                         # skipped: dtype -> why (the build cannot run it yet)
     if not a.no_startup:
         for dt in dtypes:
             say(f"start-up {dt}")
-            spawn("startup", model=str(d), dtype=dt, cache="warm")           # make sure the cache exists
+            first = spawn("startup", model=str(d), dtype=dt, cache="warm")     # make sure the cache exists
+            if "skipped" in first:
+                skipped[dt] = first["skipped"]
+                continue
             startup[dt] = {c: [spawn("startup", model=str(d), dtype=dt, cache=c) for _ in range(2)]
                            for c in ("cold", "warm")}
     elif a.cache == "warm":
@@ -486,6 +776,9 @@ def main(argv=None) -> int:
     for fam in fams:
         for dt in dtypes:
             for j in threads:
+                if dt in skipped:
+                    rows.append({"isa": fam, "dtype": dt, "threads": j, "runs": [], "skipped": skipped[dt]})
+                    continue
                 say(f"ours {fam} {dt} -j {j}")
                 runs, near = [], [spawn("readbw", threads=j)]     # the bound measured next to the row
                 for _ in range(max(1, a.repeat)):
@@ -495,7 +788,40 @@ def main(argv=None) -> int:
                 bw[j] += near
                 for i, run in enumerate(runs):            # each run against the readings around it
                     run["gbps"] = best(near[i:i + 2], "gbps")
+                if any("skipped" in x for x in runs):
+                    skipped[dt] = next(x["skipped"] for x in runs if "skipped" in x)
+                    rows.append({"isa": fam, "dtype": dt, "threads": j, "runs": [], "skipped": skipped[dt]})
+                    continue
                 rows.append({"isa": fam, "dtype": dt, "threads": j, "runs": runs})
+
+    quality = {}
+    if not a.no_ppl:
+        say("PPL, greedy agreement, max |dlogit| vs fp32")
+        quality = spawn("quality", model=str(d), dtypes=[x for x in dtypes if x not in skipped], isa=None,
+                        threads=max(threads), text=str(TEXT), max_tokens=ppl_tokens)
+        for dt, q in quality.get("dtypes", {}).items():
+            if "skipped" in q:
+                skipped.setdefault(dt, q["skipped"])
+
+    batch_res = {}
+    if not a.no_batch:
+        for dt in dtypes:
+            for j in threads:
+                if dt in skipped:
+                    continue
+                say(f"batched decode {dt} -j {j}: B = {','.join(map(str, batches))}")
+                batch_res[dt, j] = spawn("batch", model=str(d), dtype=dt, isa=None, threads=j, batches=batches,
+                                         pos=min(tokens), steps=batch_steps)
+
+    server_res = {}
+    if not a.no_server:
+        for dt in dtypes:
+            if dt in skipped:
+                continue
+            say(f"server {dt} -j {max(threads)}: {a.server_clients} streaming clients")
+            server_res[dt] = spawn("server", model=str(d), dtype=dt, isa=None, threads=max(threads),
+                                   clients=a.server_clients, requests=srv_requests, max_tokens=srv_tokens,
+                                   limit_s=600.0)
 
     torch_res = {}
     if not a.no_torch:
@@ -503,8 +829,10 @@ def main(argv=None) -> int:
             say(f"PyTorch -j {j}")
             torch_res[j] = spawn("torch", model=str(d), threads=j, tokens=min(tokens), prompt_len=prompt_len)
 
-    llama = None
+    llama = llama_batched = None
     llama_note = "skipped (--no-llamacpp)"
+    llama_batched_note = ("not built: `make llamacpp` builds llama-batched-bench" if not a.no_llamacpp
+                          else llama_note)
     if not a.no_llamacpp:
         import llamacpp
         st = llamacpp.status(d)
@@ -514,24 +842,39 @@ def main(argv=None) -> int:
             llama_note = f"no GGUF of {d}: run `make llamacpp MODEL={a.model}`"
         else:
             say("llama.cpp")
-            try:                                      # every type, Q8_0 too: the int8 target before we have q8
+            try:                                      # every type, Q8_0 and Q4_0 too
                 llama = llamacpp.bench(d, threads, n_gen=128, n_prompt=prompt_len, reps=reps)
                 llama_note = f"llama-cpp-python {llamacpp.VERSION} sdist, llama-bench -r {reps}"
             except Exception as e:
                 llama_note = f"failed: {type(e).__name__}: {e}"
+            if not a.no_batch and st.get("llama-batched-bench"):
+                say("llama.cpp batched")
+                try:
+                    llama_batched = llamacpp.batched_bench(d, threads, batches, n_prompt=min(tokens),
+                                                           n_gen=batch_steps)
+                    llama_batched_note = (f"llama-batched-bench -npp {min(tokens)} -ntg {batch_steps} -npl "
+                                          f"{','.join(map(str, batches))} (prompts not shared), S_TG")
+                except Exception as e:
+                    llama_batched_note = f"failed: {type(e).__name__}: {e}"
 
     say("read bandwidth, FMA peak (again)")
     for j in threads:
         bw[j].append(spawn("readbw", threads=j))
-        peak[j].append(spawn("fmapeak", threads=j))
+        for f in fams:
+            peak[f, j].append(spawn("fmapeak", threads=j, isa=f))
     say("done")
     phases.pop("done")
 
     # ---------------------------------------------------------------------------------------------
     res["phase_seconds"] = phases
     res["read_gbps"] = {j: [r.get("gbps") for r in bw[j]] for j in threads}
-    res["fma_gflops"] = {j: [r.get("gflops") for r in peak[j]] for j in threads}
-    fpeak = {j: best(peak[j], "gflops") for j in threads}
+    res["fma_gflops"] = {f"{f} -j {j}": [r.get("gflops") for r in v] for (f, j), v in peak.items()}
+    fpeak = {k: best(v, "gflops") for k, v in peak.items()}
+    res["quality"] = quality
+    res["batch"] = {f"{dt} -j {j}": v for (dt, j), v in batch_res.items()}
+    res["server"] = server_res
+    res["llamacpp_batched"] = {"note": llama_batched_note, "rows": llama_batched}
+    res["skipped"] = skipped
     res["startup"] = startup
     res["torch"] = torch_res
     res["llamacpp"] = {"note": llama_note, "rows": llama}
@@ -544,11 +887,20 @@ def main(argv=None) -> int:
     hdr += [
         f"TTFT {prompt_len} s", "steps/TTFT", "of FMA peak", "Python %", "start-up cold / warm s (weights only)",
         "bound tok/s", "ours/bound", "step/read paired",
-        "llama.cpp tok/s", "ours/llama.cpp", f"llama.cpp TTFT {prompt_len} s",
+        "llama.cpp tok/s", "ours/llama.cpp", "vs llama.cpp Q8_0 / Q4_0", f"llama.cpp TTFT {prompt_len} s",
+        f"TTFT {prompt_len} vs f32 / vs llama.cpp Q8_0", "PPL vs fp32",
         "PyTorch tok/s", "ours/PyTorch", f"PyTorch TTFT {prompt_len} s"]
     table = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    qual = quality.get("dtypes", {})
+    f32_ttft = {}                                     # (family, -j) -> fp32's TTFT of this run
+    for r in rows:
+        if r["dtype"] == "f32":
+            f32_ttft[r["isa"], r["threads"]] = best(r["runs"], "ttft_s", lower=True)
     for r in rows:
         runs, j, dt = r["runs"], r["threads"], r["dtype"]
+        if "skipped" in r:
+            table.append("| " + " | ".join([r["isa"], f"{dt} (skipped)", str(j)] + ["–"] * (len(hdr) - 3)) + " |")
+            continue
         errs = [x["error"] for x in runs if "error" in x]
         nb = best(runs, "weight_bytes")
         # the run with the best ratio to its own bound (the higher of the readings just before and after it)
@@ -568,6 +920,7 @@ def main(argv=None) -> int:
         wcold, wwarm = c_run.get("weights_s"), w_run.get("weights_s")
         lt = lrow(LLAMA_TYPE.get(dt), j, "tg128")
         lp = lrow(LLAMA_TYPE.get(dt), j, f"pp{prompt_len}")
+        lq8 = lrow("Q8_0", j, f"pp{prompt_len}")
         pt = torch_res.get(j, {})
         r.update(tok_s=rate, tok_s_800=rate8, tok_s_local=local, ttft_s=ttft, weight_bytes=nb, bound=bound,
                  paired_ratio=paired, pos_ratio=pos_paired,
@@ -578,13 +931,19 @@ def main(argv=None) -> int:
         start = f"{fmt(cold, '.2f')} / {fmt(warm, '.2f')} ({fmt(wcold, '.2f')} / {fmt(wwarm, '.3f')})"
         steps_s = best(runs, "steps_ttft_s", lower=True)
         flop = best(runs, "prefill_flop")
-        at_peak = flop / (fpeak[j] * 1e9) if flop and fpeak.get(j) else None    # the prefill at the FMA peak
+        fp = fpeak.get((r["isa"], j))                 # the family's own FMA peak; integer prefills: none
+        at_peak = flop / (fp * 1e9) if flop and fp and dt not in Q0_DTYPES else None
         r.update(steps_s=steps_s, prefill_at_peak_s=at_peak)
         cells += [fmt(ttft, ".2f"), ratio(steps_s, ttft, ".1f"), pct(at_peak, ttft),
                   fmt(best(runs, "overhead_pct", lower=True), ".1f"),
                   start, fmt(bound), pct(rate, bound), pct(paired, 1.0),
                   f"{fmt(lt and lt['tok_s'])} ({LLAMA_TYPE.get(dt)})" if lt else "–",
-                  ratio(rate, lt and lt["tok_s"]), fmt(r["llama_ttft_s"], ".2f"),
+                  ratio(rate, lt and lt["tok_s"]),
+                  " / ".join(ratio(rate, (lrow(t, j, "tg128") or {}).get("tok_s")) for t in ("Q8_0", "Q4_0")),
+                  fmt(r["llama_ttft_s"], ".2f"),
+                  " / ".join([ratio(f32_ttft.get((r["isa"], j)), ttft) if dt != "f32" else "1x",
+                              ratio(lq8 and prompt_len / lq8["tok_s"], ttft)]),
+                  _ppl_cell(qual.get(dt), qual.get("f32")),
                   fmt(pt.get("tok_s")) if dt == "f32" else f"{fmt(pt.get('tok_s'))} (fp32)",
                   ratio(rate, pt.get("tok_s")), fmt(pt.get("ttft_s"), ".2f")]
         table.append("| " + " | ".join(cells) + " |")
@@ -597,8 +956,10 @@ def main(argv=None) -> int:
              "compare ratios within this table.", "",
              "read bandwidth (our streaming-read kernel, 1 GiB; every measurement of the run, in order): "
              + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gbps')) for x in bw[j])} GB/s" for j in threads),
-             "", "FMA peak (our FMA probe, start / end of the run): "
-             + "; ".join(f"-j {j}: {' / '.join(fmt(x.get('gflops')) for x in peak[j])} GFLOP/s" for j in threads),
+             "", "FMA peak (each kernel family's own FMA probe, gpt2asm_fmapeak_f32_<family>; start / end of the "
+             "run): " + "; ".join(f"{f} -j {j}: {' / '.join(fmt(x.get('gflops')) for x in v)} GFLOP/s"
+                                  + (f" ({v[0]['probe_family']}'s probe)" if v and v[0].get("probe_family")
+                                     not in (None, f) else "") for (f, j), v in peak.items()),
              ""]
     if emulated():
         lines += [f"**Emulated ({platform.machine()} under qemu-user, CPU `{emulated()}`): these figures measure "
@@ -610,7 +971,7 @@ def main(argv=None) -> int:
                  if t800 else "")
               + f"; TTFT: a {prompt_len}-token prompt to its first token (best of {max(1, a.repeat)} run(s)); "
               f"decode weights {'mapped from the tile cache' if a.cache == 'warm' else 'tiled in memory'}; "
-              "KV cache: the default of each dtype (f32 for f32, binary16 for f16 and q8).",
+              "KV cache: the default of each dtype (f32 for f32, binary16 for the others).",
               "- start-up: to the first forward step in a fresh process (weights + kernels + tokenizer + model), "
               "cold = weights.load_weights, warm = gpt2asm.tilecache (tiles mapped); best of 2.",
               "- bound = read bandwidth at -j N measured just before and after the run (the higher of the two) "
@@ -626,7 +987,7 @@ def main(argv=None) -> int:
               "median of read time / step time; the best of the row's runs): the share of the bus a step "
               "reaches with both under the same load from the machine's neighbours.",
               f"- llama.cpp: {llama_note}; tg128 = `-n 128 -p 0`, TTFT = {prompt_len} / pp{prompt_len} "
-              f"(`-n 0 -p {prompt_len}`), same thread count; q8 compares with Q8_0.",
+              f"(`-n 0 -p {prompt_len}`), same thread count; q8 and q8_0 compare with Q8_0, q4_0 with Q4_0 (llama-quantize of the F32 GGUF).",
               "- PyTorch: " + ((", ".join(f"-j {j}: {v.get('error') or 'torch ' + v.get('version', '?')}"
                                           for j, v in torch_res.items())
                                 + f"; transformers fp32 generate() of {t200} tokens; TTFT = one forward over "
@@ -637,7 +998,7 @@ def main(argv=None) -> int:
     lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
                  "batched prefill; last-token logits of both bit-identical: "
                  + (("yes, every row" if all(same) else f"NO in {same.count(False)} row(s)") if same else "–"))
-    lims = [f"{r['dtype']} -j {r['threads']} {r['steps_s'] / r['prefill_at_peak_s']:.1f}x" for r in rows
+    lims = [f"{r['isa']} {r['dtype']} -j {r['threads']} {r['steps_s'] / r['prefill_at_peak_s']:.1f}x" for r in rows
             if r.get("steps_s") and r.get("prefill_at_peak_s")]
     if lims:
         lines.append(f"- of FMA peak: the prefill's {prompt_len}-token flop count "
@@ -655,10 +1016,23 @@ def main(argv=None) -> int:
     for dt, su in startup.items():
         w, c = _fastest(su.get("warm", [])), _fastest(su.get("cold", []))
         lines.append(f"- start-up {dt}: cold {_detail(c)}; warm {_detail(w)}")
+    lines.append(f"- q8_0 / q4_0: bound = read bandwidth / bytes of their matrices per token (the block "
+                 f"matrices in the dtype's blocks, {Q0_BLOCK_BYTES['q8_0']} / {Q0_BLOCK_BYTES['q4_0']} bytes per 32 "
+                 "weights with the fp16 scale; the LM head in q8_0); their prefill is integer, so no FMA-peak share. "
+                 f"TTFT {prompt_len} vs f32 / vs llama.cpp Q8_0: fp32's TTFT of the same family and -j in this run, "
+                 f"and llama.cpp's {prompt_len} / pp{prompt_len} of its Q8_0 GGUF, over the row's TTFT (> 1x: "
+                 "faster). vs llama.cpp Q8_0 / Q4_0: the row's decode tok/s over llama.cpp's tg128 of each.")
+    for dt, why in skipped.items():
+        lines.append(f"- {dt}: skipped, this build cannot run it yet ({why})")
+    if quality:
+        lines.append(_quality_note(quality))
     errors = [f"{r['isa']} {r['dtype']} -j {r['threads']}: {x['error']}"
               for r in rows for x in r["runs"] if "error" in x]
     if errors:
         lines += ["", "errors:"] + [f"- {e}" for e in errors]
+    lines += _quality_table(quality)
+    lines += _batch_table(batch_res, batches, batch_steps, llama_batched, llama_batched_note, a.no_batch)
+    lines += _server_table(server_res, a.server_clients, srv_requests, srv_tokens, a.no_server)
     if llama:
         lines += ["", "llama.cpp rows (llama-bench -o json):", "",
                   "| type | -t | test | tok/s | ± |", "|---|---|---|---|---|"]
@@ -672,6 +1046,103 @@ def main(argv=None) -> int:
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     print(f"written to {out} and {out.with_suffix('.json')}")
     return 0
+
+
+def _ppl_cell(q: dict | None, ref: dict | None) -> str:
+    """'PPL (+d %)' of a dtype against fp32's over the shipped text."""
+    if not q or "ppl" not in q:
+        return "skipped" if q and "skipped" in q else "–"
+    if not ref or "ppl" not in ref or q is ref:
+        return f"{q['ppl']:.2f}"
+    return f"{q['ppl']:.2f} ({q['ppl'] / ref['ppl'] - 1:+.2%})"
+
+
+def _rel(p) -> str:
+    p = Path(p)
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def _quality_note(quality: dict) -> str:
+    if "error" in quality:
+        return f"- PPL vs fp32: failed: {quality['error']}"
+    return (f"- PPL vs fp32: perplexity over the first {quality.get('tokens')} tokens of "
+            f"`{_rel(quality.get('text', TEXT))}` "
+            "(public domain; gpt2asm.scoring: transformers' sliding windows, stride 512), and its change from "
+            "fp32's; the table below adds greedy agreement (the dtype's argmax = fp32's at every scored position, "
+            "the text teacher-forced) and the largest |logit - fp32 logit| there. Logits are the same bits on "
+            "every family and -j (tests/test_fingerprint.py), so this is measured once per dtype.")
+
+
+def _quality_table(quality: dict) -> list[str]:
+    q = quality.get("dtypes") or {}
+    if not q:
+        return []
+    ref = q.get("f32", {})
+    out = ["", "| dtype | PPL | PPL vs fp32 | greedy agreement | max abs dlogit | scored tokens | scoring tok/s |",
+           "|---|---|---|---|---|---|---|"]
+    for dt, v in q.items():
+        if "ppl" not in v:
+            out.append(f"| {dt} | {'skipped' if 'skipped' in v else 'error: ' + v.get('error', '?')} |"
+                       + " – |" * 5)
+            continue
+        d = f"{v['ppl'] / ref['ppl'] - 1:+.3%}" if ref.get("ppl") else "–"
+        out.append(f"| {dt} | {v['ppl']:.3f} | {d} "
+                   f"| {v['agreement']:.2%} | {v['max_dlogit']:.4g} | {v['scored']} | {fmt(v.get('tok_s'))} |")
+    return out
+
+
+def _batch_table(batch_res: dict, batches: list, steps: int, llama_rows, llama_note: str, off: bool) -> list[str]:
+    """Aggregate decode tok/s of B concurrent greedy streams and its ratio to B = 1, ours and llama.cpp's."""
+    if off:
+        return ["", "- batched decode: skipped (--no-batch)"]
+    hdr = ["", "dtype", "-j"] + [f"B={b} tok/s" for b in batches]
+    out = ["", f"Batched decode: aggregate tok/s of B concurrent greedy streams, each at position ~{'?'} after its own "
+           f"prompt, {steps} timed steps of Transformer.step_batch for all B (x: over B = 1 in the same row).", "",
+           "| " + " | ".join(hdr[1:]) + " |", "|" + "---|" * (len(hdr) - 1)]
+    pos = None
+    for (dt, j), v in batch_res.items():
+        pos = v.get("pos", pos)
+        cells = [dt, str(j)]
+        one = (v.get("rows") or {}).get("1", {}).get("tok_s")
+        for b in batches:
+            t = (v.get("rows") or {}).get(str(b), {}).get("tok_s")
+            cells.append("–" if t is None else f"{t:.1f}" + (f" ({t / one:.2f}x)" if one and b != 1 else ""))
+        if "rows" not in v:
+            cells[2:] = [v.get("error") or v.get("skipped") or "?"] + ["–"] * (len(batches) - 1)
+        out.append("| " + " | ".join(cells) + " |")
+    out[1] = out[1].replace("~?", f"~{pos}" if pos else "~?")
+    if llama_rows:
+        by = {}
+        for r in llama_rows:
+            by.setdefault((r["type"], r["threads"]), {})[r["pl"]] = r["speed_tg"]
+        for (typ, j), v in by.items():
+            one = v.get(1)
+            out.append("| " + " | ".join([f"llama.cpp {typ}", str(j)] + [
+                "–" if v.get(b) is None else f"{v[b]:.1f}" + (f" ({v[b] / one:.2f}x)" if one and b != 1 else "")
+                for b in batches]) + " |")
+    out += ["", f"- llama.cpp batched: {llama_note}"]
+    return out
+
+
+def _server_table(server_res: dict, clients: int, requests: int, tokens: int, off: bool) -> list[str]:
+    """The server's latency under `clients` concurrent streaming clients."""
+    if off:
+        return ["", "- server: skipped (--no-server)"]
+    if not server_res:
+        return []
+    out = ["", f"Server (`python -m gpt2asm serve` on 127.0.0.1, {clients} concurrent streaming greedy clients, "
+           f"{requests} request(s) of {tokens} tokens each, after one untimed request):", "",
+           "| dtype | -j | requests | tokens | TTFT p50 / p99 ms | inter-token p50 / p99 ms | aggregate tok/s | errors |",
+           "|---|---|---|---|---|---|---|---|"]
+    for dt, v in server_res.items():
+        if "requests" not in v:
+            out.append(f"| {dt} | {v.get('threads', '–')} | – | – | – | – | – | {v.get('error') or v.get('skipped')} |")
+            continue
+        ms = lambda k: fmt(v.get(k) and v[k] * 1e3, ".0f")          # noqa: E731
+        out.append(f"| {dt} | {v.get('threads', '–')} | {v['requests']} | {v['tokens']} | {ms('ttft_p50')} / "
+                   f"{ms('ttft_p99')} | {ms('itl_p50')} / {ms('itl_p99')} | {fmt(v.get('tok_s'))} | "
+                   f"{'; '.join(v.get('errors') or []) or '–'} |")
+    return out
 
 
 def _fastest(runs: list) -> dict:

@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
-"""make llamacpp: build llama.cpp's llama-bench from the PyPI llama-cpp-python sdist, convert a checkpoint
-to GGUF F32/F16/Q8_0, and run llama-bench for tools/bench.py.
+"""make llamacpp: build llama.cpp's llama-bench, llama-quantize and llama-batched-bench from the PyPI
+llama-cpp-python sdist, convert a checkpoint to GGUF F32/F16/Q8_0 and quantize it to Q4_0, and run
+llama-bench / llama-batched-bench for tools/bench.py.
 
 Nothing of llama.cpp is committed: everything lives under .cache/llamacpp/ (gitignored):
 
     .cache/llamacpp/sdist/llama_cpp_python-VER.tar.gz     pip download --no-deps --no-binary :all:
     .cache/llamacpp/src-VER/                              its vendor/llama.cpp, extracted
     .cache/llamacpp/build-VER/bin/llama-bench             cmake Release, CPU only, -DGGML_NATIVE=ON
-    .cache/llamacpp/build-VER/bin/llama-quantize          (Q8_0 when the converter cannot write it)
+    .cache/llamacpp/build-VER/bin/llama-quantize          Q4_0 (and Q8_0 when the converter cannot write it)
+    .cache/llamacpp/build-VER/bin/llama-batched-bench     B concurrent sequences (optional: skipped if absent)
     .cache/llamacpp/gguf/NAME-HASH/model-{F32,F16,Q8_0}.gguf   convert_hf_to_gguf.py of one checkpoint
+    .cache/llamacpp/gguf/NAME-HASH/model-Q4_0.gguf        llama-quantize of the F32 file (its default
+                                                          choices of what stays at higher precision)
 
 Usage:
     python tools/llamacpp.py [all]  --model DIR   build (nice -n 10, -j 2; it takes a while) and convert
     python tools/llamacpp.py build                build only
     python tools/llamacpp.py convert --model DIR  convert only (needs the `gguf` package: pip installed)
     python tools/llamacpp.py bench --model DIR [-t 1,2] [-n 128] [-p 512] [-r 3]   print llama-bench's figures
+    python tools/llamacpp.py batched --model DIR [-t 1,2] [--npl 1,2,4,8,16,32]  llama-batched-bench's figures
     python tools/llamacpp.py status [--model DIR] what is built and converted
 
 Environment: LLAMACPP_PY_VERSION (default below) picks the llama-cpp-python sdist; LLAMACPP_DIR the cache.
@@ -37,8 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LLAMACPP_DIR") or ROOT / ".cache" / "llamacpp")
 VERSION = os.environ.get("LLAMACPP_PY_VERSION", "0.3.36")     # the sdist this script was tried with
-TYPES = ("F32", "F16", "Q8_0")
+TYPES = ("F32", "F16", "Q8_0", "Q4_0")
+QUANTIZED = ("Q4_0",)                        # made by llama-quantize from the F32 file (the converter cannot)
 TARGETS = ("llama-bench", "llama-quantize")
+OPTIONAL_TARGETS = ("llama-batched-bench",)  # built when this llama.cpp has it
 
 
 def log(msg: str) -> None:
@@ -113,7 +120,12 @@ def build(jobs: int = 2) -> Path:
     t0 = time.time()
     run(["nice", "-n", "10", "cmake", "--build", bld, "--config", "Release", "-j", str(jobs),
          "--target", *TARGETS])
-    log(f"built {', '.join(TARGETS)} in {time.time() - t0:.0f} s")
+    for t in OPTIONAL_TARGETS:
+        r = subprocess.run(["nice", "-n", "10", "cmake", "--build", str(bld), "--config", "Release", "-j", str(jobs),
+                            "--target", t])
+        if r.returncode != 0:
+            log(f"{t}: not built (this llama.cpp may not have the target); tools/bench.py skips it")
+    log(f"built {', '.join(TARGETS + OPTIONAL_TARGETS)} in {time.time() - t0:.0f} s")
     b = binary("llama-bench")
     if b is None:
         raise SystemExit(f"the build left no {bld}/bin/llama-bench")
@@ -202,6 +214,15 @@ def _staged(model: Path, where: Path) -> Path:
     return where
 
 
+def _quantize(model: Path, typ: str, out: Path) -> None:
+    """llama-quantize of the checkpoint's F32 GGUF (converted first if needed) to typ, into out."""
+    q = binary("llama-quantize")
+    if q is None:
+        raise SystemExit(f"{typ} needs llama-quantize, which is not built: run `make llamacpp`")
+    f32 = converted(model, "F32") or convert(model, ("F32",))["F32"]
+    run([q, f32, out, typ])
+
+
 def convert(model: Path, types=TYPES) -> dict:
     """GGUF files of the checkpoint in `model` (a directory with model.safetensors, config.json and the
     tokenizer files) for each type; made only when missing or stale."""
@@ -225,17 +246,16 @@ def convert(model: Path, types=TYPES) -> dict:
             stamp = _stamp(model, typ)                      # the checkpoint as the conversion starts
             t0 = time.time()
             try:
-                try:
-                    run([sys.executable, src / "convert_hf_to_gguf.py", staged, "--outtype", typ.lower(),
-                         "--outfile", tmp], env=env, cwd=src)
-                except subprocess.CalledProcessError:
-                    if typ != "Q8_0":
-                        raise
-                    q = binary("llama-quantize")               # older converters: quantize the F32 file
-                    f32 = converted(model, "F32") or convert(model, ("F32",))["F32"]
-                    if q is None:
-                        raise SystemExit("the converter cannot write Q8_0 and llama-quantize is not built")
-                    run([q, f32, tmp, "Q8_0"])
+                if typ in QUANTIZED:
+                    _quantize(model, typ, tmp)
+                else:
+                    try:
+                        run([sys.executable, src / "convert_hf_to_gguf.py", staged, "--outtype", typ.lower(),
+                             "--outfile", tmp], env=env, cwd=src)
+                    except subprocess.CalledProcessError:
+                        if typ != "Q8_0":
+                            raise
+                        _quantize(model, typ, tmp)             # older converters cannot write Q8_0
                 os.replace(tmp, g)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -282,6 +302,50 @@ def bench(model: Path, threads=(1, 2), n_gen: int = 128, n_prompt: int = 512, re
     return rows
 
 
+def batched_bench(model: Path, threads=(1, 2), batches=(1, 2, 4, 8, 16, 32), n_prompt: int = 200,
+                  n_gen: int = 32, types=TYPES, timeout: float = 1800) -> list[dict] | None:
+    """Run llama-batched-bench on the converted GGUFs (prompts not shared: each of the B sequences its own
+    n_prompt tokens, then n_gen decode steps of all B at once); None when it or the GGUFs are missing.
+
+    Returns rows {type, threads, pl (= B), pp, tg, speed_tg (aggregate decode tok/s), speed_pp, ...} parsed
+    from `--output-format jsonl`, one per B at every thread count."""
+    b = binary("llama-batched-bench")
+    ggufs = {t: g for t in types if (g := converted(model, t)) is not None}
+    if b is None or not ggufs:
+        return None
+    ctx = max(batches) * (n_prompt + n_gen) + 16
+    rows = []
+    for typ, g in ggufs.items():
+        for t in threads:
+            cmd = [str(b), "-m", str(g), "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(n_prompt),
+                   "-ntg", str(n_gen), "-npl", ",".join(map(str, batches)), "-t", str(t), "-tb", str(t),
+                   "--output-format", "jsonl"]
+            log("$ " + " ".join(cmd))
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if p.returncode != 0:
+                log(f"llama-batched-bench failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+                continue
+            for r in parse_jsonl(p.stdout):
+                if "pl" in r and "speed_tg" in r:
+                    rows.append({"type": typ, "threads": t, "pl": int(r["pl"]), "pp": int(r.get("pp", n_prompt)),
+                                 "tg": int(r.get("tg", n_gen)), "speed_tg": float(r["speed_tg"]),
+                                 "speed_pp": float(r.get("speed_pp", 0.0)), "file": str(g)})
+    return rows
+
+
+def parse_jsonl(text: str) -> list[dict]:
+    """llama-batched-bench --output-format jsonl prints one JSON object a line (among log lines)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
 def parse_json(text: str) -> list[dict]:
     """llama-bench -o json prints one JSON array (possibly after log lines)."""
     i = text.find("[")
@@ -294,7 +358,8 @@ def parse_json(text: str) -> list[dict]:
 
 def status(model: Path | None) -> dict:
     st = {"version": VERSION, "cache": str(CACHE),
-          "llama-bench": str(binary("llama-bench") or ""), "llama-quantize": str(binary("llama-quantize") or "")}
+          "llama-bench": str(binary("llama-bench") or ""), "llama-quantize": str(binary("llama-quantize") or ""),
+          "llama-batched-bench": str(binary("llama-batched-bench") or "")}
     if model is not None:
         st["gguf"] = {t: str(converted(model, t) or "") for t in TYPES}
     return st
@@ -302,16 +367,17 @@ def status(model: Path | None) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cmd", nargs="?", default="all", choices=["all", "build", "convert", "bench", "status"])
+    ap.add_argument("cmd", nargs="?", default="all", choices=["all", "build", "convert", "bench", "batched", "status"])
     ap.add_argument("--model", help="checkpoint directory (model.safetensors, config.json, vocab/merges)")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="build jobs (default 2)")
     ap.add_argument("-t", "--threads", default="1,2")
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("--npl", default="1,2,4,8,16,32", help="batched: concurrent sequences")
     a = ap.parse_args(argv)
     model = Path(a.model) if a.model else None
-    if a.cmd in ("convert", "bench") and model is None:
+    if a.cmd in ("convert", "bench", "batched") and model is None:
         ap.error(f"{a.cmd} needs --model DIR")
     if a.cmd in ("all", "build"):
         print(build(a.jobs))
@@ -322,6 +388,13 @@ def main(argv=None) -> int:
         rows = bench(model, [int(t) for t in a.threads.split(",")], a.n_gen, a.n_prompt, a.reps)
         if rows is None:
             print("llama-bench or the GGUF files are missing: run `make llamacpp`", file=sys.stderr)
+            return 1
+        print(json.dumps(rows, indent=1))
+    if a.cmd == "batched":
+        rows = batched_bench(model, [int(t) for t in a.threads.split(",")], [int(b) for b in a.npl.split(",")],
+                             n_prompt=200, n_gen=32)
+        if rows is None:
+            print("llama-batched-bench or the GGUF files are missing: run `make llamacpp`", file=sys.stderr)
             return 1
         print(json.dumps(rows, indent=1))
     if a.cmd == "status":
