@@ -1,4 +1,4 @@
-"""The kernels of one family bound through ctypes, and their checked numpy API.
+"""The kernels of one family bound through ctypes, and their checked numpy API (kernels_api.py).
 
     Kernels(family, threads)   binds gpt2asm_<op>_<family> (KERNELS, EXECUTOR below: each with its C
                                prototype), starts the library's -j worker threads, and offers
@@ -26,10 +26,11 @@ import numpy as np
 
 from .cpu import choose_family
 from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
+from .kernels_api import CheckedOps
 from .lib import ARCH, bind, load_library
 from .plan import CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SPIN, CTX_YIELD, POOL_BYTES, Plan
 from .pool import Pool, split
-from .validate import (HEAD_DIM, SIZE_MAX, TILE, addr, aligned_bytes, check, check_attention, check_matrix)
+from .validate import addr, aligned_bytes
 
 # a family that lacks an op takes it from this one (sme2 has only the f32 / f16 matrix-vector and the matmul kernels)
 FAMILY_FALLBACK = {"sme2": "neon"}
@@ -128,7 +129,7 @@ def _spin_ticks(threads: int) -> tuple[int, int]:
     return (spin if threads <= _cpus() else oversubscribed), 0
 
 
-class Kernels:
+class Kernels(CheckedOps):
     """One kernel family bound, plus the -j pool.  Methods take numpy arrays and validate them.
 
     With threads > 1 the library's worker threads (gpt2asm_worker_<family>) are started here and stay
@@ -344,103 +345,6 @@ class Kernels:
         parts = self.threads if self.pool else 1
         return self.attention_f16 if f16 else self.attention_f32, [(q, k, v, out, s, n_pos, head_stride, h0, h1)
                                     for (h0, h1), s in zip(split(n_head, parts), scratch)]
-
-    # -- checked numpy API (tests, tools) --------------------------------------------------------------
-
-    def matvec(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None,
-               scale: np.ndarray | None = None) -> np.ndarray:
-        """y[64*n_tiles] = W x + b for a tiled w [n_tiles][n_in][64] (float32 or float16), or
-        y = (Q x) * scale + b for int8 w with its scales (float32 [64*n_tiles], required iff int8)."""
-        n_tiles, n_in, _ = check_matrix(w, "w", scale)
-        px = check(x, "x", np.float32, n_in)
-        pb = None if b is None else check(b, "b", np.float32, n_tiles * TILE)
-        y = np.empty(n_tiles * TILE, np.float32)
-        if self.has_plan:
-            p = Plan(self)
-            p.matvec(w, x, b, y, scale=scale)
-            p.build().run()
-        else:
-            self.run(*self.matvec_job(w, px, pb, addr(y), n_in, n_tiles, None if scale is None else addr(scale)))
-        return y
-
-    def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None,
-               scale: np.ndarray | None = None) -> np.ndarray:
-        """Y[t] = W X[t] + b for every row of x [T][n_in] (int8 w: with its scales): Y [T][64*n_tiles],
-        each row the bits of matvec(w, x[t], b, scale) (the batched-prefill kernels)."""
-        n_tiles, n_in, _ = check_matrix(w, "w", scale)
-        if not (isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[0] >= 1 and x.shape[1] == n_in):
-            raise InvalidArgumentError(f"x: expected rows [T][{n_in}]")
-        if b is not None:
-            check(b, "b", np.float32, n_tiles * TILE)
-        y = np.empty((x.shape[0], n_tiles * TILE), np.float32)
-        if not self.has_matmul:
-            raise KernelUnavailableError(f"the {self.family} family has no batched (matmul) kernels")
-        if not self.has_plan:                   # per-call path (Arm): the tile ranges split over run()
-            px = check(x, "x", np.float32)
-            self.run(*self.matmul_job(w, px, n_in, None if b is None else addr(b), addr(y), n_tiles * TILE,
-                                      x.shape[0], n_in, n_tiles, None if scale is None else addr(scale)))
-            return y
-        p = Plan(self)
-        p.matmul(w, x, b, y, scale=scale)
-        p.build().set_rows(x.shape[0], 0)
-        p.run()
-        return y
-
-    def _unary(self, fn, x: np.ndarray, name: str) -> np.ndarray:
-        px = check(x, name, np.float32)
-        if x.size < 1:
-            raise InvalidArgumentError(f"{name}: needs at least one element")
-        y = np.empty_like(x)
-        fn(px, addr(y), x.size)
-        return y
-
-    def gelu(self, x: np.ndarray) -> np.ndarray:
-        return self._unary(self.gelu_f32, x, "x")
-
-    def expf(self, x: np.ndarray) -> np.ndarray:
-        return self._unary(self.expf_f32, x, "x")
-
-    def softmax(self, x: np.ndarray) -> np.ndarray:
-        return self._unary(self.softmax_f32, x, "x")
-
-    def argmax(self, x: np.ndarray) -> int | None:
-        """The index of the first maximum of x (numpy.argmax; -0.0 == +0.0), or None if x holds a NaN
-        or an infinity (greedy sampling: gpt2asm_argmax_f32, comparisons only, the same on every ISA)."""
-        px = check(x, "x", np.float32)
-        if x.ndim != 1 or x.size < 1:
-            raise InvalidArgumentError(f"x: expected a 1-D array of at least one element, got shape {x.shape}")
-        if x.size >= 1 << 31:
-            raise InvalidArgumentError(f"x: {x.size} elements, at most {(1 << 31) - 1}")
-        i = self.argmax_f32(px, x.size)
-        if i == SIZE_MAX:
-            return None
-        if not (isinstance(i, int) and 0 <= i < x.size):      # e.g. a binding without a return value
-            raise LibraryError(f"{self._symbol('argmax_f32')} returned {i!r} for n = {x.size}")
-        return i
-
-    def layernorm(self, x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
-        px = check(x, "x", np.float32)
-        if x.size < 1:
-            raise InvalidArgumentError("x: needs at least one element")
-        pg, pb = check(g, "g", np.float32, x.size), check(b, "b", np.float32, x.size)
-        y = np.empty_like(x)
-        self.layernorm_f32(px, pg, pb, addr(y), x.size)
-        return y
-
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, n_pos: int) -> np.ndarray:
-        """Attention of one query q [n_head*64] over cache k, v [n_head][n_ctx][64] (float32 or float16),
-        positions < n_pos."""
-        n_head, n_ctx = check_attention(q, k, v, n_pos)
-        out = np.empty(n_head * HEAD_DIM, np.float32)
-        if self.has_plan:
-            p = Plan(self)
-            p.attention(q, k, v, out, int(n_pos))
-            p.build().run()
-            return out
-        scratch = [np.empty(n_head * (-(-n_pos // 16) * 16), np.float32) for _ in range(self.threads)]
-        self.run(*self.attention_job(addr(q), addr(k), addr(v), addr(out), [addr(s) for s in scratch],
-                                     int(n_pos), n_ctx * HEAD_DIM, n_head, k.dtype == np.float16))
-        return out
 
 
 _LIVE: "weakref.WeakSet[Kernels]" = weakref.WeakSet()
