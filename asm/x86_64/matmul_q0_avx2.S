@@ -1,7 +1,8 @@
 /*
  * asm/x86_64/matmul_q0_avx2.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX2 and AVX-VNNI (ymm).
  *
- * docs/kernels.md "q8_0 / q4_0"; the blocking and the activation panel are matmul_q0.h's.  Register block: 6 tokens
+ * docs/kernels.md "q8_0 / q4_0"; the blocking and the activation panel are matmul_q0.h's, the register-block
+ * body matmul_q0_tok.h's (this file names its registers and ISA steps).  Register block: 6 tokens
  * x 8 outputs (one ymm): the 6 int32 block sums in ymm0-5, the 6 fp32 sums in ymm6-11.  Per record and
  * sub-tile, each group's 32 weight bytes are loaded and made into the dot operand once (ymm12; q4_0:
  * low / high nibbles in ymm12 / ymm13), then for each token its 4 quantized inputs are broadcast
@@ -35,67 +36,28 @@
         ret
         .endm
 
-        /* \m t, int sum register, fp32 sum register, \a for every token t < \mt */
+#define VR      ymm
+#define VZ      xmm
+#define VPXOR   vpxor
+#define VMOVA   vmovdqa
+#define VPAND   vpand
+#define W0      %ymm12
+#define W1      %ymm13
+#define XB      %ymm14
+#define PR      %ymm15
+#define SF      %ymm13
+#define K80     Q0_K80(%rbx)
+#define M0F     Q0_M0F(%rbx)
+#include "matmul_q0_tok.h"
+
         .macro  each_tok mt, m, a=0
-        \m      0, 0, 6, \a
-        .if \mt > 1
-        \m      1, 1, 7, \a
-        .endif
-        .if \mt > 2
-        \m      2, 2, 8, \a
-        .endif
-        .if \mt > 3
-        \m      3, 3, 9, \a
-        .endif
-        .if \mt > 4
-        \m      4, 4, 10, \a
-        .endif
-        .if \mt > 5
-        \m      5, 5, 11, \a
-        .endif
+        MQ_TOK(0, 6); MQ_TOK(1, 7); MQ_TOK(2, 8); MQ_TOK(3, 9); MQ_TOK(4, 10); MQ_TOK(5, 11)
         .endm
 
-        .macro  zero_f t, i, f, a
-        vpxor   %xmm\f, %xmm\f, %xmm\f
+        /* q8_0, sign trick: ymm12 = |w| of group \g; per token X * sign(w) by vpsignb */
+        .macro  q8s_w g
+        vpabsb  128+256*\g(%rdi), %ymm12
         .endm
-        .macro  zero_i t, i, f, a
-        vpxor   %xmm\i, %xmm\i, %xmm\i
-        .endm
-        .macro  corr_i t, i, f, a
-        vpbroadcastd MQ_CO+4*\t(%rax), %ymm\i   // s = -c * sum(xq[t] of the block)
-        .endm
-
-        .macro  mq_zero mt
-        each_tok \mt, zero_f
-        .endm
-
-        .macro  st_tok t, i, f, a
-        testq   %r15, %r15
-        jz      9f
-        vaddps  (%r15), %ymm\f, %ymm\f          // y = acc + b
-9:
-        vmovups %ymm\f, (%r13)
-        addq    %r14, %r13
-        .endm
-
-        .macro  mq_store mt
-        each_tok \mt, st_tok
-        .endm
-
-        /* per token: acc = fma((float)s, xd * dw, acc); ymm12 = dw */
-        .macro  flt_tok t, i, f, a
-        vbroadcastss MQ_XD+4*\t(%rax), %ymm14
-        vmulps  %ymm12, %ymm14, %ymm15          // t = xd * dw
-        vcvtdq2ps %ymm\i, %ymm13
-        vfmadd231ps %ymm15, %ymm13, %ymm\f
-        .endm
-
-        .macro  flt mt
-        vcvtph2ps (%r12), %ymm12
-        each_tok \mt, flt_tok
-        .endm
-
-        /* q8_0, sign trick: ymm12 = |w| of group \g */
         .macro  q8s_tok t, i, f, g
         vpbroadcastd 32*\t+4*\g(%rax), %ymm14
         vpsignb 128+256*\g(%rdi), %ymm14, %ymm13        // X * sign(w)
@@ -104,62 +66,17 @@
         vpaddd  %ymm13, %ymm\i, %ymm\i
         .endm
 
-        .macro  q8_avx2_blk mt
-        each_tok \mt, zero_i
-        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
-        vpabsb  128+256*\g(%rdi), %ymm12
-        each_tok \mt, q8s_tok, \g
-        .endr
-        flt     \mt
-        .endm
-
         /* q8_0, VNNI: ymm12 = w ^ 0x80 of group \g */
         .macro  q8v_tok t, i, f, g
         vpbroadcastd 32*\t+4*\g(%rax), %ymm14
         {vex} vpdpbusd %ymm14, %ymm12, %ymm\i
         .endm
 
-        .macro  q8_avxvnni_blk mt
-        each_tok \mt, corr_i
-        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
-        vmovdqa 128+256*\g(%rdi), %ymm12
-        vpxor   Q0_K80(%rbx), %ymm12, %ymm12
-        each_tok \mt, q8v_tok, \g
-        .endr
-        flt     \mt
-        .endm
-
-        /* q4_0: ymm12 = u of group g, ymm13 = u of group g + 4 */
-        .macro  nibbles g
-        vmovdqa 128+256*\g(%rdi), %ymm12
-        vpsrlw  $4, %ymm12, %ymm13
-        vpand   Q0_M0F(%rbx), %ymm12, %ymm12
-        vpand   Q0_M0F(%rbx), %ymm13, %ymm13
-        .endm
-
-        .macro  q4m_tok t, i, f, g
-        vpbroadcastd 32*\t+4*\g(%rax), %ymm14
-        vpmaddubsw %ymm14, %ymm12, %ymm15
-        vpaddw  %ymm15, %ymm\i, %ymm\i
-        vpbroadcastd 32*\t+4*\g+16(%rax), %ymm14
-        vpmaddubsw %ymm14, %ymm13, %ymm15
-        vpaddw  %ymm15, %ymm\i, %ymm\i
-        .endm
-
+        /* q4_0: s = vpmaddwd(p16, 1) - 8 * sum(xq) */
         .macro  q4m_fin t, i, f, a
         vpmaddwd Q0_ONES(%rbx), %ymm\i, %ymm\i
         vpbroadcastd MQ_CO+4*\t(%rax), %ymm14
         vpaddd  %ymm14, %ymm\i, %ymm\i
-        .endm
-
-        .macro  q4_avx2_blk mt
-        each_tok \mt, zero_i
-        .irp    g, 0, 1, 2, 3
-        nibbles \g
-        each_tok \mt, q4m_tok, \g
-        .endr
-        each_tok \mt, q4m_fin
-        flt     \mt
         .endm
 
         .macro  q4v_tok t, i, f, g
@@ -167,15 +84,6 @@
         {vex} vpdpbusd %ymm14, %ymm12, %ymm\i
         vpbroadcastd 32*\t+4*\g+16(%rax), %ymm15
         {vex} vpdpbusd %ymm15, %ymm13, %ymm\i
-        .endm
-
-        .macro  q4_avxvnni_blk mt
-        each_tok \mt, corr_i
-        .irp    g, 0, 1, 2, 3
-        nibbles \g
-        each_tok \mt, q4v_tok, \g
-        .endr
-        flt     \mt
         .endm
 
 #include "matmul_q0.h"
@@ -187,37 +95,13 @@
  *   for every token t < n_tokens and output o of tiles tile_begin .. tile_end-1: y[t*ldy + o] = the
  *   matvec's y[o] on xq + t*ldq, xd + t*ldd (docs/kernels.md "q8_0 / q4_0").  xq in -127..127 (sign trick).
  */
-        .macro  mq_blk mt
-        q8_avx2_blk \mt
-        .endm
-function gpt2asm_matmul_q8_0_avx2
-        mm_q0   2176, 7, 8
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q8_0_avx2, q8s_blk, 2176, 7, 8
 
 /* void gpt2asm_matmul_q8_0_avxvnni(same);  AVX-VNNI. */
-        .macro  mq_blk mt
-        q8_avxvnni_blk \mt
-        .endm
-function gpt2asm_matmul_q8_0_avxvnni
-        mm_q0   2176, 7, 8
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q8_0_avxvnni, q8v_blk, 2176, 7, 8
 
 /* void gpt2asm_matmul_q4_0_avx2(same, the q4_0 records). */
-        .macro  mq_blk mt
-        q4_avx2_blk \mt
-        .endm
-function gpt2asm_matmul_q4_0_avx2
-        mm_q0   1152, 3, 8
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q4_0_avx2, q4m_blk, 1152, 3, 8
 
 /* void gpt2asm_matmul_q4_0_avxvnni(same);  AVX-VNNI. */
-        .macro  mq_blk mt
-        q4_avxvnni_blk \mt
-        .endm
-function gpt2asm_matmul_q4_0_avxvnni
-        mm_q0   1152, 3, 8
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q4_0_avxvnni, q4v_blk, 1152, 3, 8

@@ -2,7 +2,8 @@
  * asm/x86_64/matmul_q0_avx512.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX-512 BW and
  * AVX-512 VNNI (zmm).
  *
- * The sequence of matmul_q0_avx2.S with matmul_q0.h's blocking; register block 8 tokens x 16 outputs
+ * The sequence of matmul_q0_avx2.S with matmul_q0.h's blocking and matmul_q0_tok.h's body; register block
+ * 8 tokens x 16 outputs
  * (one zmm): the 8 int32 block sums in zmm0-7, the 8 fp32 sums in zmm8-15.  Per record and sub-tile,
  * each group's 64 weight bytes are loaded and made into the dot operand once (zmm16; q4_0: nibbles in
  * zmm16 / zmm17), then per token:
@@ -37,71 +38,31 @@
         ret
         .endm
 
+#define VR      zmm
+#define VZ      zmm
+#define VPXOR   vpxord
+#define VMOVA   vmovdqa64
+#define VPAND   vpandd
+#define W0      %zmm16
+#define W1      %zmm17
+#define XB      %zmm18
+#define PR      %zmm19
+#define SF      %zmm20
+#define K80     Q0_K80(%rbx){1to16}
+#define M0F     Q0_M0F(%rbx){1to16}
+#include "matmul_q0_tok.h"
+
         .macro  each_tok mt, m, a=0
-        \m      0, 0, 8, \a
-        .if \mt > 1
-        \m      1, 1, 9, \a
-        .endif
-        .if \mt > 2
-        \m      2, 2, 10, \a
-        .endif
-        .if \mt > 3
-        \m      3, 3, 11, \a
-        .endif
-        .if \mt > 4
-        \m      4, 4, 12, \a
-        .endif
-        .if \mt > 5
-        \m      5, 5, 13, \a
-        .endif
-        .if \mt > 6
-        \m      6, 6, 14, \a
-        .endif
-        .if \mt > 7
-        \m      7, 7, 15, \a
-        .endif
+        MQ_TOK(0, 8); MQ_TOK(1, 9); MQ_TOK(2, 10); MQ_TOK(3, 11)
+        MQ_TOK(4, 12); MQ_TOK(5, 13); MQ_TOK(6, 14); MQ_TOK(7, 15)
         .endm
 
-        .macro  zero_f t, i, f, a
-        vpxord  %zmm\f, %zmm\f, %zmm\f
+        /* q8_0 sign trick: zmm16 = |w|, k1 = w < 0; per token X * sign(w) = X with -X where k1 */
+        .macro  q8s_w g
+        vmovdqa64 128+256*\g(%rdi), %zmm16
+        vpmovb2m %zmm16, %k1
+        vpabsb  %zmm16, %zmm16
         .endm
-        .macro  zero_i t, i, f, a
-        vpxord  %zmm\i, %zmm\i, %zmm\i
-        .endm
-        .macro  corr_i t, i, f, a
-        vpbroadcastd MQ_CO+4*\t(%rax), %zmm\i   // s = -c * sum(xq[t] of the block)
-        .endm
-
-        .macro  mq_zero mt
-        each_tok \mt, zero_f
-        .endm
-
-        .macro  st_tok t, i, f, a
-        testq   %r15, %r15
-        jz      9f
-        vaddps  (%r15), %zmm\f, %zmm\f          // y = acc + b
-9:
-        vmovups %zmm\f, (%r13)
-        addq    %r14, %r13
-        .endm
-
-        .macro  mq_store mt
-        each_tok \mt, st_tok
-        .endm
-
-        .macro  flt_tok t, i, f, a
-        vbroadcastss MQ_XD+4*\t(%rax), %zmm18
-        vmulps  %zmm16, %zmm18, %zmm19          // t = xd * dw
-        vcvtdq2ps %zmm\i, %zmm20
-        vfmadd231ps %zmm19, %zmm20, %zmm\f      // acc = fma(s, t, acc)
-        .endm
-
-        .macro  flt mt
-        vcvtph2ps (%r12), %zmm16
-        each_tok \mt, flt_tok
-        .endm
-
-        /* q8_0 sign trick: zmm16 = |w|, k1 = w < 0 */
         .macro  q8s_tok t, i, f, g
         vpbroadcastd 32*\t+4*\g(%rax), %zmm20
         vpsubb  %zmm20, %zmm21, %zmm20{%k1}     // X * sign(w)
@@ -110,74 +71,20 @@
         vpaddd  %zmm19, %zmm\i, %zmm\i
         .endm
 
-        .macro  q8_avx512_blk mt
-        each_tok \mt, zero_i
-        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
-        vmovdqa64 128+256*\g(%rdi), %zmm16
-        vpmovb2m %zmm16, %k1
-        vpabsb  %zmm16, %zmm16
-        each_tok \mt, q8s_tok, \g
-        .endr
-        flt     \mt
-        .endm
-
+        /* q8_0, VNNI: X an embedded broadcast from the panel */
         .macro  q8v_tok t, i, f, g
         vpdpbusd 32*\t+4*\g(%rax){1to16}, %zmm16, %zmm\i
         .endm
 
-        .macro  q8_avx512vnni_blk mt
-        each_tok \mt, corr_i
-        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
-        vmovdqa64 128+256*\g(%rdi), %zmm16
-        vpxord  Q0_K80(%rbx){1to16}, %zmm16, %zmm16     // w + 128, unsigned
-        each_tok \mt, q8v_tok, \g
-        .endr
-        flt     \mt
-        .endm
-
-        .macro  nibbles g
-        vmovdqa64 128+256*\g(%rdi), %zmm16
-        vpsrlw  $4, %zmm16, %zmm17
-        vpandd  Q0_M0F(%rbx){1to16}, %zmm16, %zmm16
-        vpandd  Q0_M0F(%rbx){1to16}, %zmm17, %zmm17
-        .endm
-
-        .macro  q4m_tok t, i, f, g
-        vpbroadcastd 32*\t+4*\g(%rax), %zmm18
-        vpmaddubsw %zmm18, %zmm16, %zmm19
-        vpaddw  %zmm19, %zmm\i, %zmm\i
-        vpbroadcastd 32*\t+4*\g+16(%rax), %zmm18
-        vpmaddubsw %zmm18, %zmm17, %zmm19
-        vpaddw  %zmm19, %zmm\i, %zmm\i
-        .endm
-
+        /* q4_0: s = vpmaddwd(p16, 1) - 8 * sum(xq) */
         .macro  q4m_fin t, i, f, a
         vpmaddwd %zmm22, %zmm\i, %zmm\i
         vpaddd  MQ_CO+4*\t(%rax){1to16}, %zmm\i, %zmm\i
         .endm
 
-        .macro  q4_avx512_blk mt
-        each_tok \mt, zero_i
-        .irp    g, 0, 1, 2, 3
-        nibbles \g
-        each_tok \mt, q4m_tok, \g
-        .endr
-        each_tok \mt, q4m_fin
-        flt     \mt
-        .endm
-
         .macro  q4v_tok t, i, f, g
         vpdpbusd 32*\t+4*\g(%rax){1to16}, %zmm16, %zmm\i
         vpdpbusd 32*\t+4*\g+16(%rax){1to16}, %zmm17, %zmm\i
-        .endm
-
-        .macro  q4_avx512vnni_blk mt
-        each_tok \mt, corr_i
-        .irp    g, 0, 1, 2, 3
-        nibbles \g
-        each_tok \mt, q4v_tok, \g
-        .endr
-        flt     \mt
         .endm
 
 #include "matmul_q0.h"
@@ -188,37 +95,13 @@
  *                                 size_t n_in, size_t tile_begin, size_t tile_end);
  *   as gpt2asm_matmul_q8_0_avx2 (the same bits); xq in -127..127.  AVX512F + BW.
  */
-        .macro  mq_blk mt
-        q8_avx512_blk \mt
-        .endm
-function gpt2asm_matmul_q8_0_avx512
-        mm_q0   2176, 7, 4
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q8_0_avx512, q8s_blk, 2176, 7, 4
 
 /* void gpt2asm_matmul_q8_0_avx512vnni(same);  AVX512F + BW + VNNI. */
-        .macro  mq_blk mt
-        q8_avx512vnni_blk \mt
-        .endm
-function gpt2asm_matmul_q8_0_avx512vnni
-        mm_q0   2176, 7, 4
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q8_0_avx512vnni, q8v_blk, 2176, 7, 4
 
 /* void gpt2asm_matmul_q4_0_avx512(same, the q4_0 records);  AVX512F + BW. */
-        .macro  mq_blk mt
-        q4_avx512_blk \mt
-        .endm
-function gpt2asm_matmul_q4_0_avx512
-        mm_q0   1152, 3, 4
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q4_0_avx512, q4m_blk, 1152, 3, 4
 
 /* void gpt2asm_matmul_q4_0_avx512vnni(same);  AVX512F + BW + VNNI. */
-        .macro  mq_blk mt
-        q4_avx512vnni_blk \mt
-        .endm
-function gpt2asm_matmul_q4_0_avx512vnni
-        mm_q0   1152, 3, 4
-endfunc
-        .purgem mq_blk
+        mq_fn   gpt2asm_matmul_q4_0_avx512vnni, q4v_blk, 1152, 3, 4

@@ -397,6 +397,24 @@ vadd_avx512:
 7:
         .endm
 
+        /* a claim's items F_T0 .. F_T1 - 1, one at a time in F_H: item_first starts at F_T0 (also in rax);
+         * item_next steps F_H (rax = the new item) and jumps to \again while it is below F_T1, else (with
+         * \done) to \done */
+        .macro  item_first
+        movq    F_T0(%rsp), %rax
+        movq    %rax, F_H(%rsp)
+        .endm
+        .macro  item_next again, done
+        movq    F_H(%rsp), %rax
+        incq    %rax
+        movq    %rax, F_H(%rsp)
+        cmpq    F_T1(%rsp), %rax
+        jb      \again
+        .ifnb   \done
+        jmp     \done
+        .endif
+        .endm
+
         /* one tile of the qkv matvec for head h = F_H: tile t = \part * n_head + h (\part 1: k, 2: v)
          * into the cache at (h * head_stride + pos * 64) floats, as tiles [0, 1) of the pointers
          * shifted to tile t (w + t * tile_bytes, b + 64 t) */
@@ -798,24 +816,14 @@ kind_qkv_\isa:
 .Lqkv_claim_\isa:
         claim   .Lbarrier_\isa
         mv_claimed \isa                         /* q tiles h0 .. h1-1 into y + 64 h */
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_first
 .Lqkv_k_\isa:
         qkv_tile \isa, 1
-        movq    F_H(%rsp), %rax
-        incq    %rax
-        movq    %rax, F_H(%rsp)
-        cmpq    F_T1(%rsp), %rax
-        jb      .Lqkv_k_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_next .Lqkv_k_\isa
+        item_first
 .Lqkv_v_\isa:
         qkv_tile \isa, 2
-        movq    F_H(%rsp), %rax
-        incq    %rax
-        movq    %rax, F_H(%rsp)
-        cmpq    F_T1(%rsp), %rax
-        jb      .Lqkv_v_\isa
+        item_next .Lqkv_v_\isa
         att_claimed                             /* the attention of the claimed heads, one call, */
         movq    PL_POS(%r13), %r9
         incq    %r9                             /* over n_pos = pos + 1 */
@@ -848,8 +856,7 @@ kind_attn_\isa:
 kind_matmul_\isa:
 .Lmatmul_\isa:
         claim   .Lbarrier_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_first
 .Lmm_tile_\isa:
         movq    F_H(%rsp), %rax                 /* tau */
         movq    %rax, %rdi
@@ -938,12 +945,7 @@ kind_matmul_\isa:
         call    vadd_\isa                       /* r = r + y */
         jmp     .Lmm_epi_\isa
 .Lmm_next_\isa:
-        movq    F_H(%rsp), %rax
-        incq    %rax
-        movq    %rax, F_H(%rsp)
-        cmpq    F_T1(%rsp), %rax
-        jb      .Lmm_tile_\isa
-        jmp     .Lmatmul_\isa
+        item_next .Lmm_tile_\isa, .Lmatmul_\isa
 
         /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats; with
          * PRO_EMBED (batched decode) first x[t ldx ..] = wte[token_t] + wpe[pos_t] (the row table's) */
@@ -954,8 +956,7 @@ kind_matmul_\isa:
 kind_rowln_\isa:
 .Lrowln_\isa:
         claim   .Lbarrier_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_first
 .Lrowln_row_\isa:
         unless_flag PRO_EMBED, 1f               /* batched decode, layer 0: row t's embedding first */
         movq    F_H(%rsp), %rax
@@ -988,12 +989,7 @@ kind_rowln_\isa:
         movq    J_BETA(%r14), %rdx
         movq    J_NIN(%r14), %r8
         xcall   gpt2asm_layernorm_f32_\isa
-        movq    F_H(%rsp), %rax
-        incq    %rax
-        movq    %rax, F_H(%rsp)
-        cmpq    F_T1(%rsp), %rax
-        jb      .Lrowln_row_\isa
-        jmp     .Lrowln_\isa
+        item_next .Lrowln_row_\isa, .Lrowln_\isa
 
         /* ---- ROWQUANT (items = rows t < PL_NTOK): src = x[t ldx ..] (n_in floats), with PRO_LN first
          * h = layernorm(src) into the private h and src = h; then J_QFN(src, y + t ldy (int8 xq row:
@@ -1005,8 +1001,7 @@ kind_rowln_\isa:
 kind_rowquant_\isa:
 .Lrowquant_\isa:
         claim   .Lbarrier_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_first
 .Lrq_row_\isa:
         movq    F_H(%rsp), %rbp
         imulq   J_LDX(%r14), %rbp
@@ -1032,12 +1027,7 @@ kind_rowquant_\isa:
         movq    %rbp, %rdi
         movq    J_NIN(%r14), %rcx
         call    *J_QFN(%r14)                    /* qfn(src, xq, xd, n_in) */
-        movq    F_H(%rsp), %rax
-        incq    %rax
-        movq    %rax, F_H(%rsp)
-        cmpq    F_T1(%rsp), %rax
-        jb      .Lrq_row_\isa
-        jmp     .Lrowquant_\isa
+        item_next .Lrq_row_\isa, .Lrowquant_\isa
 
         /* ---- ROWATTN (items i < H * PL_NTOK): head h = i / PL_NTOK, row t = PL_NTOK - 1 - i % PL_NTOK
          * (each head's longest rows first, one head's cache rows reused by consecutive items):
@@ -1053,8 +1043,7 @@ kind_rowquant_\isa:
 kind_rowattn_\isa:
 .Lrowattn_\isa:
         claim   .Lbarrier_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_first
 .Lra_item_\isa:
         movq    F_H(%rsp), %rax
         xorl    %edx, %edx
@@ -1132,8 +1121,7 @@ kind_rowattn_\isa:
 kind_battn_\isa:
 .Lbattn_\isa:
         claim   .Lbarrier_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_first
 .Lba_row_\isa:
         movq    F_H(%rsp), %rax
         xorl    %edx, %edx
@@ -1218,8 +1206,7 @@ kind_battn_\isa:
 kind_rowargmax_\isa:
 .Lrowargmax_\isa:
         claim   .Lbarrier_\isa
-        movq    F_T0(%rsp), %rax
-        movq    %rax, F_H(%rsp)
+        item_first
 .Lrowam_row_\isa:
         movq    F_H(%rsp), %rdi
         imulq   J_LDX(%r14), %rdi
@@ -1234,12 +1221,7 @@ kind_rowargmax_\isa:
         imulq   $RT_SIZE, %rcx
         addq    PL_RTAB(%r13), %rcx
         movq    %rax, RT_ARGMAX(%rcx)
-        movq    F_H(%rsp), %rax
-        incq    %rax
-        movq    %rax, F_H(%rsp)
-        cmpq    F_T1(%rsp), %rax
-        jb      .Lrowam_row_\isa
-        jmp     .Lrowargmax_\isa
+        item_next .Lrowam_row_\isa, .Lrowargmax_\isa
 
 
 /*

@@ -1,0 +1,128 @@
+/*
+ * asm/x86_64/matmul_q0_tok.h -- the register-block macros of the q8_0 / q4_0 prefill kernels that
+ * matmul_q0_avx2.S (ymm) and matmul_q0_avx512.S (zmm) share: one body, the ISA's registers and the few
+ * instructions that differ named by the including file.
+ *
+ * The including file defines (cpp)
+ *     VR      the vector register prefix (ymm / zmm)         VPXOR, VZ  the zeroing xor and its prefix
+ *     VMOVA   the aligned load (vmovdqa / vmovdqa64)         VPAND      the and (vpand / vpandd)
+ *     W0, W1  the weight operands (then dw in W0)            XB         X broadcast (then xd)
+ *     PR      products (then t = xd * dw)                    SF         (float)s
+ *     K80, M0F  the 0x80 / 0x0f bytes as a memory operand (avx512: an embedded {1to16} broadcast)
+ * and the macros
+ *     each_tok mt, m, a   \m t, i, f, \a for every token t < mt (int sum register i, fp32 sum register f)
+ *     q8s_w g             W0 = |w| of group g (the sign trick), and what q8s_tok needs of w's signs
+ *     q8s_tok / q8v_tok / q4m_fin / q4v_tok t, i, f, g    the ISA's per-token dot steps
+ * and gets mq_zero, mq_store, the blocks q8s_blk (q8_0 sign trick), q8v_blk (q8_0 VNNI), q4m_blk
+ * (q4_0 vpmaddubsw), q4v_blk (q4_0 VNNI) and mq_fn (one kernel: mm_q0 of matmul_q0.h over a block).
+ */
+#ifndef GPT2ASM_X86_MATMUL_Q0_TOK_H
+#define GPT2ASM_X86_MATMUL_Q0_TOK_H
+
+/* each_tok's token t: the including file's one-line each_tok lists MQ_TOK(t, f) for its tokens */
+#define MQ_TOK(t, f)    .if \mt > t; \m t, t, f, \a; .endif
+
+        .macro  zero_f t, i, f, a
+        VPXOR   %VZ\f, %VZ\f, %VZ\f
+        .endm
+        .macro  zero_i t, i, f, a
+        VPXOR   %VZ\i, %VZ\i, %VZ\i
+        .endm
+        .macro  corr_i t, i, f, a
+        vpbroadcastd MQ_CO+4*\t(%rax), %VR\i    // s = -c * sum(xq[t] of the block)
+        .endm
+
+        .macro  mq_zero mt
+        each_tok \mt, zero_f
+        .endm
+
+        .macro  st_tok t, i, f, a
+        testq   %r15, %r15
+        jz      9f
+        vaddps  (%r15), %VR\f, %VR\f            // y = acc + b
+9:
+        vmovups %VR\f, (%r13)
+        addq    %r14, %r13
+        .endm
+
+        .macro  mq_store mt
+        each_tok \mt, st_tok
+        .endm
+
+        /* per token: acc = fma((float)s, xd * dw, acc); W0 = dw */
+        .macro  flt_tok t, i, f, a
+        vbroadcastss MQ_XD+4*\t(%rax), XB
+        vmulps  W0, XB, PR                      // t = xd * dw
+        vcvtdq2ps %VR\i, SF
+        vfmadd231ps PR, SF, %VR\f               // acc = fma(s, t, acc)
+        .endm
+
+        .macro  flt mt
+        vcvtph2ps (%r12), W0
+        each_tok \mt, flt_tok
+        .endm
+
+        /* one record's sub-tile: s = \init; per group g < \ngrp: \wop g (the weight operand), \tok per
+           token; then \fin per token (if any) and the fp32 step */
+        .macro  grp_blk mt, init, ngrp, wop, tok, fin
+        each_tok \mt, \init
+        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
+        .if     \g < \ngrp
+        \wop    \g
+        each_tok \mt, \tok, \g
+        .endif
+        .endr
+        .ifnb   \fin
+        each_tok \mt, \fin
+        .endif
+        flt     \mt
+        .endm
+
+        /* q8_0, VNNI: W0 = w ^ 0x80 of group \g */
+        .macro  q8v_w g
+        VMOVA   128+256*\g(%rdi), W0
+        VPXOR   K80, W0, W0                     // w + 128, unsigned
+        .endm
+
+        /* q4_0: W0 = u of group g, W1 = u of group g + 4 */
+        .macro  nibbles g
+        VMOVA   128+256*\g(%rdi), W0
+        vpsrlw  $4, W0, W1
+        VPAND   M0F, W0, W0
+        VPAND   M0F, W1, W1
+        .endm
+
+        .macro  q4m_tok t, i, f, g
+        vpbroadcastd 32*\t+4*\g(%rax), XB
+        vpmaddubsw XB, W0, PR
+        vpaddw  PR, %VR\i, %VR\i
+        vpbroadcastd 32*\t+4*\g+16(%rax), XB
+        vpmaddubsw XB, W1, PR
+        vpaddw  PR, %VR\i, %VR\i
+        .endm
+
+        .macro  q8s_blk mt                      // q8_0, sign trick
+        grp_blk \mt, zero_i, 8, q8s_w, q8s_tok
+        .endm
+        .macro  q8v_blk mt                      // q8_0, VNNI
+        grp_blk \mt, corr_i, 8, q8v_w, q8v_tok
+        .endm
+        .macro  q4m_blk mt                      // q4_0, vpmaddubsw
+        grp_blk \mt, zero_i, 4, nibbles, q4m_tok, q4m_fin
+        .endm
+        .macro  q4v_blk mt                      // q4_0, VNNI
+        grp_blk \mt, corr_i, 4, nibbles, q4v_tok
+        .endm
+
+        /* the kernel \name: matmul_q0.h's mm_q0 \rec, \csh, \nsub over the block \blk */
+        .macro  mq_fn name, blk, rec, csh, nsub
+        .macro  mq_blk mt
+        \blk    \mt
+        .endm
+function \name
+        mm_q0   \rec, \csh, \nsub
+endfunc
+        .purgem mq_blk
+        .endm
+
+#endif
