@@ -328,13 +328,9 @@ vadd_avx512:
 1:      movq    %rdi, %rbp
         movq    PL_C(%r13), %rcx
         movq    PL_TOKEN(%r13), %rsi
-        imulq   %rcx, %rsi
-        shlq    $2, %rsi
-        addq    PL_WTE(%r13), %rsi              /* wte[token] */
+        frow    %rsi, %rcx, PL_WTE(%r13)        /* wte[token] */
         movq    PL_POS(%r13), %rdx
-        imulq   %rcx, %rdx
-        shlq    $2, %rdx
-        addq    PL_WPE(%r13), %rdx              /* wpe[pos] */
+        frow    %rdx, %rcx, PL_WPE(%r13)        /* wpe[pos] */
         call    vadd_\isa                       /* x = wte[token] + wpe[pos] */
 .Lpro_ln_\sfx\()_\isa:
         movq    %rbp, %rdi
@@ -403,6 +399,14 @@ vadd_avx512:
         .macro  item_first
         movq    F_T0(%rsp), %rax
         movq    %rax, F_H(%rsp)
+        .endm
+        .macro  claim_first isa                 // claim, then its first item
+        claim   .Lbarrier_\isa
+        item_first
+        .endm
+        .macro  item_row r                      // \r = row F_H of the job's x (J_X, J_LDX floats apart)
+        movq    F_H(%rsp), \r
+        frow    \r, J_LDX(%r14), J_X(%r14)
         .endm
         .macro  item_next again, done
         movq    F_H(%rsp), %rax
@@ -502,16 +506,38 @@ vadd_avx512:
 .Ldt3\@:
         .endm
 
-        /* matvec (w = rdi, x = rsi = xq of the job_prologue, b = rdx, y = rcx, n_in = r8, tile_begin = r9,
-         * tile_end = 0(%rsp)) -> gpt2asm_matvec_{q8_0,q4_0}'s (w, xq, xd = xq + n_in, b, y, n_in,
-         * tile_begin, tile_end) */
-        .macro  mv_q0_args
-        movq    0(%rsp), %rax
-        movq    %rax, 8(%rsp)                   /* tile_end */
+        /* \r = \base + 4 * \r * \ld: the address of float row \r of \ld floats a row */
+        .macro  frow r, ld, base
+        imulq   \ld, \r
+        shlq    $2, \r
+        addq    \base, \r
+        .endm
+
+        /* the stack arguments 0 .. \n - 1 (8 bytes each) move up by \by bytes, the last first (via rax) */
+        .macro  args_up n, by
+        .irp    k, 3, 2, 1, 0
+        .if     \k < \n
+        movq    8*\k(%rsp), %rax
+        movq    %rax, 8*\k+\by(%rsp)
+        .endif
+        .endr
+        .endm
+
+        /* matvec's (w, x, b, y, n_in, tile_begin, tile_end) one argument up from b on: the q8 / q0
+         * kernels take one more (scale / xd) before b */
+        .macro  mv_args_up
+        args_up 1, 8                            /* tile_end */
         movq    %r9, 0(%rsp)                    /* tile_begin */
         movq    %r8, %r9                        /* n_in */
         movq    %rcx, %r8                       /* y */
         movq    %rdx, %rcx                      /* b */
+        .endm
+
+        /* matvec (w = rdi, x = rsi = xq of the job_prologue, b = rdx, y = rcx, n_in = r8, tile_begin = r9,
+         * tile_end = 0(%rsp)) -> gpt2asm_matvec_{q8_0,q4_0}'s (w, xq, xd = xq + n_in, b, y, n_in,
+         * tile_begin, tile_end) */
+        .macro  mv_q0_args
+        mv_args_up
         leaq    (%rsi,%r9), %rdx                /* xd */
         .endm
 
@@ -519,14 +545,7 @@ vadd_avx512:
          * n_in, tile_begin, tile_end = 0, 8, 16, 24(%rsp)) -> gpt2asm_matmul_{q8_0,q4_0}'s (w, xq, ldq,
          * xd = J_XD, ldd = J_LDD, b, y, ldy, n_tokens, n_in, tile_begin, tile_end) */
         .macro  mm_q0_args
-        movq    24(%rsp), %rax
-        movq    %rax, 40(%rsp)                  /* tile_end */
-        movq    16(%rsp), %rax
-        movq    %rax, 32(%rsp)                  /* tile_begin */
-        movq    8(%rsp), %rax
-        movq    %rax, 24(%rsp)                  /* n_in */
-        movq    0(%rsp), %rax
-        movq    %rax, 16(%rsp)                  /* n_tokens */
+        args_up 4, 16                           /* n_tokens, n_in, tile_begin, tile_end */
         movq    %r9, 8(%rsp)                    /* ldy */
         movq    %r8, 0(%rsp)                    /* y */
         movq    %rcx, %r9                       /* b */
@@ -537,12 +556,7 @@ vadd_avx512:
         /* matvec (w = rdi, x = rsi, b = rdx, y = rcx, n_in = r8, tile_begin = r9, tile_end = 0(%rsp))
          * -> gpt2asm_matvec_q8's (w, scale, x, b, y, n_in, tile_begin, tile_end) */
         .macro  mv_q8_args
-        movq    0(%rsp), %rax
-        movq    %rax, 8(%rsp)                   /* tile_end */
-        movq    %r9, 0(%rsp)                    /* tile_begin */
-        movq    %r8, %r9                        /* n_in */
-        movq    %rcx, %r8                       /* y */
-        movq    %rdx, %rcx                      /* b */
+        mv_args_up
         movq    %rsi, %rdx                      /* x */
         movq    %r10, %rsi                      /* scale */
         .endm
@@ -550,14 +564,7 @@ vadd_avx512:
         /* matmul (w = rdi, x = rsi, ldx = rdx, b = rcx, y = r8, ldy = r9, n_tokens, n_in, tile_begin,
          * tile_end = 0, 8, 16, 24(%rsp)) -> gpt2asm_matmul_q8's (w, scale, x, ldx, b, y, ldy, ...) */
         .macro  mm_q8_args
-        movq    24(%rsp), %rax
-        movq    %rax, 32(%rsp)                  /* tile_end */
-        movq    16(%rsp), %rax
-        movq    %rax, 24(%rsp)                  /* tile_begin */
-        movq    8(%rsp), %rax
-        movq    %rax, 16(%rsp)                  /* n_in */
-        movq    0(%rsp), %rax
-        movq    %rax, 8(%rsp)                   /* n_tokens */
+        args_up 4, 8                            /* n_tokens, n_in, tile_begin, tile_end */
         movq    %r9, 0(%rsp)                    /* ldy */
         movq    %r8, %r9                        /* y */
         movq    %rcx, %r8                       /* b */
@@ -855,8 +862,7 @@ kind_attn_\isa:
  * jumping to .Lbarrier_<isa> once no item is left. */
 kind_matmul_\isa:
 .Lmatmul_\isa:
-        claim   .Lbarrier_\isa
-        item_first
+        claim_first \isa
 .Lmm_tile_\isa:
         movq    F_H(%rsp), %rax                 /* tau */
         movq    %rax, %rdi
@@ -955,36 +961,25 @@ kind_matmul_\isa:
  * is left. */
 kind_rowln_\isa:
 .Lrowln_\isa:
-        claim   .Lbarrier_\isa
-        item_first
+        claim_first \isa
 .Lrowln_row_\isa:
         unless_flag PRO_EMBED, 1f               /* batched decode, layer 0: row t's embedding first */
         movq    F_H(%rsp), %rax
         movq    %rax, %rdi
-        imulq   J_LDX(%r14), %rdi
-        shlq    $2, %rdi
-        addq    J_X(%r14), %rdi                 /* x row t */
+        frow    %rdi, J_LDX(%r14), J_X(%r14)    /* x row t */
         imulq   $RT_SIZE, %rax
         addq    PL_RTAB(%r13), %rax             /* its row table entry */
         movq    PL_C(%r13), %rcx
         movq    RT_TOKEN(%rax), %rsi
-        imulq   %rcx, %rsi
-        shlq    $2, %rsi
-        addq    PL_WTE(%r13), %rsi              /* wte[token_t] */
+        frow    %rsi, %rcx, PL_WTE(%r13)        /* wte[token_t] */
         movq    RT_POS(%rax), %rdx
-        imulq   %rcx, %rdx
-        shlq    $2, %rdx
-        addq    PL_WPE(%r13), %rdx              /* wpe[pos_t] */
+        frow    %rdx, %rcx, PL_WPE(%r13)        /* wpe[pos_t] */
         call    vadd_\isa                       /* x[t] = wte[token_t] + wpe[pos_t] */
 1:      movq    F_H(%rsp), %rax
         movq    %rax, %rdi
-        imulq   J_LDX(%r14), %rdi
-        shlq    $2, %rdi
-        addq    J_X(%r14), %rdi                 /* x row t */
+        frow    %rdi, J_LDX(%r14), J_X(%r14)    /* x row t */
         movq    %rax, %rcx
-        imulq   J_LDY(%r14), %rcx
-        shlq    $2, %rcx
-        addq    J_Y(%r14), %rcx                 /* y row t */
+        frow    %rcx, J_LDY(%r14), J_Y(%r14)    /* y row t */
         movq    J_G(%r14), %rsi
         movq    J_BETA(%r14), %rdx
         movq    J_NIN(%r14), %r8
@@ -1000,13 +995,9 @@ kind_rowln_\isa:
  * no item is left. */
 kind_rowquant_\isa:
 .Lrowquant_\isa:
-        claim   .Lbarrier_\isa
-        item_first
+        claim_first \isa
 .Lrq_row_\isa:
-        movq    F_H(%rsp), %rbp
-        imulq   J_LDX(%r14), %rbp
-        shlq    $2, %rbp
-        addq    J_X(%r14), %rbp                 /* x row t */
+        item_row %rbp                           /* x row t */
         unless_flag PRO_LN, 1f
         movq    %rbp, %rdi
         movq    J_G(%r14), %rsi
@@ -1021,9 +1012,7 @@ kind_rowquant_\isa:
         imulq   J_LDY(%r14), %rsi
         addq    J_Y(%r14), %rsi                 /* xq row t */
         movq    %rax, %rdx
-        imulq   J_LDD(%r14), %rdx
-        shlq    $2, %rdx
-        addq    J_XD(%r14), %rdx                /* xd row t */
+        frow    %rdx, J_LDD(%r14), J_XD(%r14)   /* xd row t */
         movq    %rbp, %rdi
         movq    J_NIN(%r14), %rcx
         call    *J_QFN(%r14)                    /* qfn(src, xq, xd, n_in) */
@@ -1042,8 +1031,7 @@ kind_rowquant_\isa:
  * is left. */
 kind_rowattn_\isa:
 .Lrowattn_\isa:
-        claim   .Lbarrier_\isa
-        item_first
+        claim_first \isa
 .Lra_item_\isa:
         movq    F_H(%rsp), %rax
         xorl    %edx, %edx
@@ -1120,8 +1108,7 @@ kind_rowattn_\isa:
  * `claim` jumping to .Lbarrier_<isa> once no item is left. */
 kind_battn_\isa:
 .Lbattn_\isa:
-        claim   .Lbarrier_\isa
-        item_first
+        claim_first \isa
 .Lba_row_\isa:
         movq    F_H(%rsp), %rax
         xorl    %edx, %edx
@@ -1137,9 +1124,7 @@ kind_battn_\isa:
         imulq   $RT_SIZE, %rbp
         addq    PL_RTAB(%r13), %rbp             /* row t's row table entry */
         movq    %rax, %r10
-        imulq   J_LDX(%r14), %r10
-        shlq    $2, %r10
-        addq    J_X(%r14), %r10                 /* its c_attn output row: q | k | v */
+        frow    %r10, J_LDX(%r14), J_X(%r14)    /* its c_attn output row: q | k | v */
         movq    %rdx, %r8                       /* h = h0 */
 .Lba_kv_\isa:                                   /* k_h, v_h into the caches at pos_t */
         movq    %r8, %r9
@@ -1169,9 +1154,7 @@ kind_battn_\isa:
         cmpq    F_HEND(%rsp), %r8
         jb      .Lba_kv_\isa
         movq    F_ROW(%rsp), %rcx                /* attention of heads [h0, h1) of row t */
-        imulq   J_LDY(%r14), %rcx
-        shlq    $2, %rcx
-        addq    J_Y(%r14), %rcx                 /* out row t */
+        frow    %rcx, J_LDY(%r14), J_Y(%r14)    /* out row t */
         movq    F_H(%rsp), %rax
         xorl    %edx, %edx
         divq    J_N(%r14)
@@ -1205,13 +1188,9 @@ kind_battn_\isa:
  * item is left. */
 kind_rowargmax_\isa:
 .Lrowargmax_\isa:
-        claim   .Lbarrier_\isa
-        item_first
+        claim_first \isa
 .Lrowam_row_\isa:
-        movq    F_H(%rsp), %rdi
-        imulq   J_LDX(%r14), %rdi
-        shlq    $2, %rdi
-        addq    J_X(%r14), %rdi                 /* logits row t */
+        item_row %rdi                           /* logits row t */
         movq    J_NIN(%r14), %rsi
         xcall   gpt2asm_argmax_f32_\isa         /* first maximum, SIZE_MAX if not all finite */
         movq    $-2, %rcx
