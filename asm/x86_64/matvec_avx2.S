@@ -20,6 +20,7 @@
  *     ymm0-7  the 64 accumulators         ymm8-11 x[i] broadcasts  ymm12-15 widened fp16 weights
  */
 #include "asm.S"
+#include "rows4.h"
 
 /* Prefetch distance in bytes ahead of the row being read (0 disables the software prefetch).  The
  * hardware prefetchers already follow the single forward stream of the tiles (consecutive tiles are
@@ -97,30 +98,13 @@
         .p2align 4
 1:                                              // for each tile
         zero_acc
-        movq    %rsi, %r10                      // x cursor
-        movq    %r8, %r11
-        shrq    $2, %r11                        // n_in / 4 blocks of 4 rows
-        jz      3f
-        .p2align 4
-2:                                              // 4 rows, in input order
-        vbroadcastss  0(%r10), %ymm8
-        vbroadcastss  4(%r10), %ymm9
-        vbroadcastss  8(%r10), %ymm10
-        vbroadcastss 12(%r10), %ymm11
+        rows4   %rsi, %r8, ymm
         \row    0*\rs, %ymm8
         \row    1*\rs, %ymm9
         \row    2*\rs, %ymm10
         \row    3*\rs, %ymm11
         addq    $4*\rs, %rdi
-        addq    $16, %r10
-        decq    %r11
-        jnz     2b
-3:
-        movq    %r8, %r11
-        andq    $3, %r11                        // n_in % 4 rows left
-        jz      5f
-4:
-        vbroadcastss  0(%r10), %ymm8
+        rows4_next %r8, ymm
         \row    0, %ymm8
         addq    $\rs, %rdi
         addq    $4, %r10

@@ -22,6 +22,7 @@
  *     zmm12-15  widened fp16 weights
  */
 #include "asm.S"
+#include "rows4.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* shared pieces                                                                                   */
@@ -92,16 +93,7 @@
         /* all n_in rows of \nt tiles starting at rdi (and rax) (\row: row_f32 / row_f16, \rs: row
          * bytes); leaves rdi (rax) just past the last row of tile t (t+1), the sums in zmm0-7 */
         .macro  tile_rows row, rs, nt
-        movq    %rsi, %r10                      // x cursor
-        movq    %r8, %r11
-        shrq    $2, %r11                        // n_in / 4 blocks of 4 rows
-        jz      3f
-        .p2align 4
-2:                                              // 4 rows, in input order
-        vbroadcastss  0(%r10), %zmm8
-        vbroadcastss  4(%r10), %zmm9
-        vbroadcastss  8(%r10), %zmm10
-        vbroadcastss 12(%r10), %zmm11
+        rows4   %rsi, %r8, zmm
         \row    0*\rs, %zmm8,  \nt
         \row    1*\rs, %zmm9,  \nt
         \row    2*\rs, %zmm10, \nt
@@ -110,15 +102,7 @@
         .if \nt == 2
         addq    $4*\rs, %rax
         .endif
-        addq    $16, %r10
-        decq    %r11
-        jnz     2b
-3:
-        movq    %r8, %r11
-        andq    $3, %r11                        // n_in % 4 rows left
-        jz      5f
-4:
-        vbroadcastss  0(%r10), %zmm8
+        rows4_next %r8, zmm
         \row    0, %zmm8, \nt
         addq    $\rs, %rdi
         .if \nt == 2

@@ -26,6 +26,7 @@
  *     ymm0-7  the 64 accumulators      ymm8-11 x[i] broadcasts          ymm12-15 widened weights
  */
 #include "asm.S"
+#include "rows4.h"
 
 /* Software prefetch distance in bytes (0: off).  As for the fp32 kernel, the hardware prefetchers
  * follow the single forward stream; measured on Zen 4 with the weights in DRAM, prefetcht0 of every
@@ -72,30 +73,13 @@ function gpt2asm_matvec_q8_avx2
         .p2align 4
 1:                                              // for each tile
         vzero   0, 1, 2, 3, 4, 5, 6, 7          // acc = +0.0
-        movq    %rdx, %r10                      // x cursor
-        movq    %r9, %r11
-        shrq    $2, %r11                        // n_in / 4 blocks of 4 rows
-        jz      3f
-        .p2align 4
-2:                                              // 4 rows, in input order
-        vbroadcastss  0(%r10), %ymm8
-        vbroadcastss  4(%r10), %ymm9
-        vbroadcastss  8(%r10), %ymm10
-        vbroadcastss 12(%r10), %ymm11
+        rows4   %rdx, %r9, ymm
         row_q8  0,   %ymm8
         row_q8  64,  %ymm9
         row_q8  128, %ymm10
         row_q8  192, %ymm11
         addq    $256, %rdi
-        addq    $16, %r10
-        decq    %r11
-        jnz     2b
-3:
-        movq    %r9, %r11
-        andq    $3, %r11                        // n_in % 4 rows left
-        jz      5f
-4:
-        vbroadcastss  0(%r10), %ymm8
+        rows4_next %r9, ymm
         row_q8  0, %ymm8
         addq    $64, %rdi
         addq    $4, %r10

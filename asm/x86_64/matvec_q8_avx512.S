@@ -22,6 +22,7 @@
  *     zmm12-15  widened weights
  */
 #include "asm.S"
+#include "rows4.h"
 
         /* one int8 row of \nt tiles (64 bytes each, tile t at \off(%rdi), tile t+1 at \off(%rax)) */
         .macro  row_q8 off, xb, nt
@@ -48,16 +49,7 @@
         vclear  vpxord, zmm, 4, 5, 6, 7
         .endif
         vclear  vpxord, zmm, 0, 1, 2, 3         // acc = +0.0
-        movq    %rdx, %r10                      // x cursor
-        movq    %r9, %r11
-        shrq    $2, %r11                        // n_in / 4 blocks of 4 rows
-        jz      3f
-        .p2align 4
-2:                                              // 4 rows, in input order
-        vbroadcastss  0(%r10), %zmm8
-        vbroadcastss  4(%r10), %zmm9
-        vbroadcastss  8(%r10), %zmm10
-        vbroadcastss 12(%r10), %zmm11
+        rows4   %rdx, %r9, zmm
         row_q8  0,   %zmm8,  \nt
         row_q8  64,  %zmm9,  \nt
         row_q8  128, %zmm10, \nt
