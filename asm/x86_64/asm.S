@@ -113,13 +113,19 @@ L_\name:
         pushq   %r15
         .endm
 
-        .macro  pop_callee
+        /* bp_first: rbp was pushed first (a frame pointer, then rbx, r12-r15), so it comes off last */
+        .macro  pop_callee bp_first=0
         popq    %r15
         popq    %r14
         popq    %r13
         popq    %r12
+        .if \bp_first
+        popq    %rbx
+        popq    %rbp
+        .else
         popq    %rbp
         popq    %rbx
+        .endif
         .endm
 
         .macro  vzero r, rs:vararg

@@ -298,12 +298,7 @@
         jmp     .Lsc\@
 .Lret\@:
         leaq    -40(%rbp), %rsp
-        popq    %r15
-        popq    %r14
-        popq    %r13
-        popq    %r12
-        popq    %rbx
-        popq    %rbp
+        pop_callee 1
         mq_exit
         .endm
 

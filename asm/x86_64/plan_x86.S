@@ -634,12 +634,7 @@ vadd_avx512:
         .endm
         .macro  jobs_leave
         addq    $FRAME, %rsp
-        popq    %r15
-        popq    %r14
-        popq    %r13
-        popq    %r12
-        popq    %rbx
-        popq    %rbp
+        pop_callee 1
         vzeroupper
         ret
         .endm
