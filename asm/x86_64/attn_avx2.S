@@ -250,6 +250,20 @@
          * r11 math_avx2, r12 head stride (bytes), r13 heads, r14 scratch row stride (bytes);
          * per group: rax position (p.V: row pointer), r15 / rax row pointer, rbp q_h, rbx scratch,
          * rcx out_h (p.V), r10 heads left */
+        /* \body for t = 0, 4, 8, .. below L_N4 (t in \t, \t32 its low half; the loop at label \loop);
+         * at label \done, t = the first position left */
+        .macro  quads t, t32, loop, done, body:vararg
+        xorl        \t32, \t32
+        cmpq        $0, L_N4(%rsp)
+        je          \done\()f
+\loop:
+        \body
+        addq        $4, \t
+        cmpq        L_N4(%rsp), \t
+        jb          \loop\()b
+\done:
+        .endm
+
         .macro  attention_avx2 name, es
 function \name
         push_callee
@@ -290,15 +304,7 @@ function \name
         subq        %r13, L_LEFT(%rsp)
 
         /* scores: groups of 4 positions, the heads one after the other within a group */
-        xorl        %eax, %eax                      // t
-        cmpq        $0, L_N4(%rsp)
-        je          3f
-2:
-        score_heads \es, 0
-        addq        $4, %rax
-        cmpq        L_N4(%rsp), %rax
-        jb          2b
-3:
+        quads       %rax, %eax, 2, 3, score_heads \es, 0
         cmpq        %r9, %rax
         je          4f
         movq        %r9, %rbx
@@ -332,15 +338,7 @@ function \name
         addq        $256, %rcx
         decq        %r10
         jnz         5b
-        xorl        %r15d, %r15d                    // t
-        cmpq        $0, L_N4(%rsp)
-        je          7f
-6:
-        pv_heads    \es, 4
-        addq        $4, %r15
-        cmpq        L_N4(%rsp), %r15
-        jb          6b
-7:
+        quads       %r15, %r15d, 6, 7, pv_heads \es, 4
         cmpq        %r9, %r15                       // the last 1..3 positions one by one
         je          8f
         pv_heads    \es, 1
