@@ -113,6 +113,24 @@ L_\name:
         pushq   %r15
         .endm
 
+        /* a loop over \i = 0, 16, 32, .. below \n16 (the whole blocks of 16 of \n): loop16 opens it at
+         * label \top (on to \end with no block); loop16_end closes it, and at label \end goes on to
+         * \skip when \n16 = \n (no tail), else falls into the tail */
+        .macro  loop16 i, n16, top, end
+        xorq        \i, \i
+        testq       \n16, \n16
+        jz          \end\()f
+\top:
+        .endm
+        .macro  loop16_end i, n16, n, top, end, skip
+        addq        $16, \i
+        cmpq        \n16, \i
+        jb          \top\()b
+\end:
+        cmpq        \n, \n16
+        je          \skip\()f
+        .endm
+
         /* bp_first: rbp was pushed first (a frame pointer, then rbx, r12-r15), so it comes off last */
         .macro  pop_callee bp_first=0
         popq    %r15

@@ -186,20 +186,12 @@ endconst
         andq        $-16, \n16                      // n16 = n & ~15
         vmovaps     KV_NINF(\base), %ymm0           // m lanes 0-7
         vmovaps     %ymm0, %ymm1                    // m lanes 8-15
-        xorq        \i, \i
-        testq       \n16, \n16
-        jz          81f
-80:
+        loop16      \i, \n16, 80, 81
         vmovups       (\x,\i,4), %ymm2
         vmovups     32(\x,\i,4), %ymm3
         vmaxps      %ymm0, %ymm2, %ymm0             // m = (x > m) ? x : m
         vmaxps      %ymm1, %ymm3, %ymm1
-        addq        $16, \i
-        cmpq        \n16, \i
-        jb          80b
-81:
-        cmpq        \n, \n16
-        je          82f
+        loop16_end  \i, \n16, \n, 80, 81, 82
         movq        \n, \t
         subq        \n16, \t
         tail_masks_avx2 14, 15, \t, \base
@@ -218,10 +210,7 @@ endconst
         vmovaps     KV_MAX(\base), %ymm12
         vxorps      %ymm0, %ymm0, %ymm0             // s lanes 0-7
         vxorps      %ymm1, %ymm1, %ymm1             // s lanes 8-15
-        xorq        \i, \i
-        testq       \n16, \n16
-        jz          84f
-83:
+        loop16      \i, \n16, 83, 84
         vmovups       (\x,\i,4), %ymm2
         vmovups     32(\x,\i,4), %ymm3
         vsubps      %ymm13, %ymm2, %ymm2            // x - m
@@ -232,12 +221,7 @@ endconst
         vmovups     %ymm8, 32(\y,\i,4)
         vaddps      %ymm4, %ymm0, %ymm0             // s = s + e
         vaddps      %ymm8, %ymm1, %ymm1
-        addq        $16, \i
-        cmpq        \n16, \i
-        jb          83b
-84:
-        cmpq        \n, \n16
-        je          85f
+        loop16_end  \i, \n16, \n, 83, 84, 85
         movq        \n, \t
         subq        \n16, \t
         tail_masks_avx2 14, 15, \t, \base
@@ -257,22 +241,14 @@ endconst
         hsum16_avx2 0, 1, 2
         vbroadcastss %xmm0, %ymm13                  // s
 
-        xorq        \i, \i
-        testq       \n16, \n16
-        jz          87f
-86:
+        loop16      \i, \n16, 86, 87
         vmovups       (\y,\i,4), %ymm2
         vmovups     32(\y,\i,4), %ymm3
         vdivps      %ymm13, %ymm2, %ymm2            // y = e / s
         vdivps      %ymm13, %ymm3, %ymm3
         vmovups     %ymm2,   (\y,\i,4)
         vmovups     %ymm3, 32(\y,\i,4)
-        addq        $16, \i
-        cmpq        \n16, \i
-        jb          86b
-87:
-        cmpq        \n, \n16
-        je          88f
+        loop16_end  \i, \n16, \n, 86, 87, 88
         vmaskmovps    (\y,\i,4), %ymm14, %ymm2
         tail_load_hi \t, 15, 3, 32(\y,\i,4)
         vdivps      %ymm13, %ymm2, %ymm2

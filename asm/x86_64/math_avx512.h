@@ -130,18 +130,10 @@ endconst
         subq        \n16, \t
         tail_kmask_avx512 1, \t, \base              // k1 = tail lanes
         vbroadcastss KZ_NINF(\base), %zmm0          // m
-        xorq        \i, \i
-        testq       \n16, \n16
-        jz          81f
-80:
+        loop16      \i, \n16, 80, 81
         vmovups     (\x,\i,4), %zmm2
         vmaxps      %zmm0, %zmm2, %zmm0             // m = (x > m) ? x : m
-        addq        $16, \i
-        cmpq        \n16, \i
-        jb          80b
-81:
-        cmpq        \n, \n16
-        je          82f
+        loop16_end  \i, \n16, \n, 80, 81, 82
         vmovups     (\x,\i,4), %zmm2{%k1}{z}
         vmaxps      %zmm0, %zmm2, %zmm0{%k1}        // lanes past the end keep m
 82:
@@ -151,21 +143,13 @@ endconst
         vbroadcastss KZ_MIN(\base), %zmm11
         vbroadcastss KZ_MAX(\base), %zmm12
         vpxord      %zmm0, %zmm0, %zmm0             // s
-        xorq        \i, \i
-        testq       \n16, \n16
-        jz          84f
-83:
+        loop16      \i, \n16, 83, 84
         vmovups     (\x,\i,4), %zmm2
         vsubps      %zmm13, %zmm2, %zmm2            // x - m
         expf_c_avx512 4, 2, 2, 5, 6, 7, 11, 12, \base
         vmovups     %zmm4, (\y,\i,4)
         vaddps      %zmm4, %zmm0, %zmm0             // s = s + e
-        addq        $16, \i
-        cmpq        \n16, \i
-        jb          83b
-84:
-        cmpq        \n, \n16
-        je          85f
+        loop16_end  \i, \n16, \n, 83, 84, 85
         vmovups     (\x,\i,4), %zmm2{%k1}{z}
         vsubps      %zmm13, %zmm2, %zmm2
         expf_c_avx512 4, 2, 2, 5, 6, 7, 11, 12, \base
@@ -175,19 +159,11 @@ endconst
         hsum16_avx512 0, 2
         vbroadcastss %xmm0, %zmm13                  // s
 
-        xorq        \i, \i
-        testq       \n16, \n16
-        jz          87f
-86:
+        loop16      \i, \n16, 86, 87
         vmovups     (\y,\i,4), %zmm2
         vdivps      %zmm13, %zmm2, %zmm2            // y = e / s
         vmovups     %zmm2, (\y,\i,4)
-        addq        $16, \i
-        cmpq        \n16, \i
-        jb          86b
-87:
-        cmpq        \n, \n16
-        je          88f
+        loop16_end  \i, \n16, \n, 86, 87, 88
         vmovups     (\y,\i,4), %zmm2{%k1}{z}
         vdivps      %zmm13, %zmm2, %zmm2
         vmovups     %zmm2, (\y,\i,4){%k1}
