@@ -59,10 +59,12 @@ clean:
 
 # ---- Arm (AArch64) on x86-64 Linux: cross-build with clang-19/lld, test under qemu-user (tools/arm64/) ----
 # ARM64_TESTS run under every ARM64_CPUS configuration; ARM64_TESTS_ONCE only under the first (the
-# SVL-independent ones: NEON kernels, forward pass, CLI).  ARM64_CPUS: names of tools/arm64/run_tests.py's
+# SVL-independent ones: NEON kernels, forward pass, CLI; the q8_0 / q4_0 and batched decode plans, whose
+# sme2 kernels test_kernels_q0_sme2 / test_prefill / test_fingerprint check at every SVL).  ARM64_CPUS: names of tools/arm64/run_tests.py's
 # CPUS or NAME:QEMU-CPU; ARM64_JOBS configurations run in parallel.
 ARM64_TESTS      ?= tests/test_arm_smoke.py tests/test_plan_abi.py tests/test_kernels_sme2.py tests/test_kernels_q0_sme2.py tests/test_fingerprint.py tests/test_prefill.py
-ARM64_TESTS_ONCE ?= tests/test_kernels_neon.py tests/test_plan.py tests/test_kernels_q0_arm.py
+ARM64_TESTS_ONCE ?= tests/test_kernels_neon.py tests/test_plan.py tests/test_kernels_q0_arm.py tests/test_q0_model.py \
+                    tests/test_batch_plan.py tests/test_batch.py
 ARM64_CPUS       ?= sme512 sme256 sme128 nosme
 ARM64_JOBS       ?= 2
 .PHONY: arm64-lib macos-lib test-arm64

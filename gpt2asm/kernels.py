@@ -83,7 +83,7 @@ OPTIONAL = {"matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8"}
 # The families whose plan executor runs the batched decode kinds (BATTN, ROWARGMAX, ROWLN with EMBED:
 # docs/kernels.md "Batched decode"); has_batch, with the plan and the matmul kernels.  (Until a family's
 # executor has them its jump table sends them to the guard entry: step_batch steps its rows one by one.)
-BATCH_FAMILIES = ("avx2", "avx512")
+BATCH_FAMILIES = ("avx2", "avx512", "neon", "sme2")
 # The plan executor, bound from gpt2asm_<op>_<family> itself (has_plan; no fallback).
 EXECUTOR = {
     # void gpt2asm_plan_run_<isa>(pool_t *ctx, plan_t *plan, size_t job_begin, size_t job_end);
@@ -93,9 +93,8 @@ EXECUTOR = {
 }
 # q8_0 / q4_0 through the plan (FL_Q0 jobs and ROWQUANT, docs/kernels.md "q8_0 / q4_0 jobs"): the
 # families whose executor runs them.  A job carries the addresses of the kernel variants chosen for this
-# CPU (Kernels.q0_fns), so the executor knows no variant.  (AArch64: add "neon", "sme2" with the port of
-# the jobs to plan_aarch64.S, and their variants in Kernels._q0_symbols.)
-Q0_PLAN_FAMILIES = ("avx2", "avx512")
+# CPU (Kernels.q0_fns), so the executor knows no variant (AArch64: Kernels._q0_symbols picks them).
+Q0_PLAN_FAMILIES = ("avx2", "avx512", "neon", "sme2")
 # The library's pool (started only with threads > 1):
 #   void gpt2asm_worker_<isa>(pool_t *ctx, size_t tid);   returns at gpt2asm_pool_shutdown
 WORKER = ([P, N], None)

@@ -24,14 +24,48 @@ from gpt2asm.validate import HEAD_DIM, addr
 _Q0: dict = {}
 
 
-def q0(m: Transformer):
-    """The checked q8_0 / q4_0 kernels (gpt2asm.q0kernels.Q0Kernels) of m's family: the variant the plan
-    jobs use ($GPT2ASM_Q0_PLAIN as for them)."""
+class ArmQ0Checked:
+    """gpt2asm.q0kernels.ArmQ0 of an AArch64 family with Q0Kernels's API (quantize, matvec, matmul): the
+    variants the plan jobs use ($GPT2ASM_ARM_Q0 as for them)."""
+
+    def __init__(self, family: str):
+        from gpt2asm.q0kernels import ArmQ0
+        self.k = ArmQ0(family=family)
+
+    def quantize(self, x, xq=None, xd=None):
+        q, d = self.k.quantize_q8_0(np.ascontiguousarray(x, np.float32))
+        if xq is None:
+            return q, d
+        xq[:], xd[:] = q, d
+        return xq, xd
+
+    def matvec(self, kind, w, xq, xd, b, y):
+        y[:] = self.k.matvec(kind, w, xq.size, xq, xd, b)
+
+    def matmul(self, kind, w, xq, xd, b, out):
+        out[:] = self.k.matmul(kind, w, xq.shape[1], xq, xd, b)
+
+
+def q0_kernels(family: str):
+    """The checked q8_0 / q4_0 kernels of a kernel family: x86 gpt2asm.q0kernels.Q0Kernels (the variant of
+    $GPT2ASM_Q0_PLAIN), AArch64 ArmQ0Checked (the variants of $GPT2ASM_ARM_Q0), as the plan jobs use."""
+    import os
+    from gpt2asm.lib import ARCH
+    if ARCH == "aarch64":
+        key = (family, os.environ.get("GPT2ASM_ARM_Q0"))
+        if key not in _Q0:
+            _Q0[key] = ArmQ0Checked(family)
+        return _Q0[key]
     from gpt2asm.q0kernels import Q0Kernels, q0_variant
-    key = (m.k.family, q0_variant(m.k.family))
+    key = (family, q0_variant(family))
     if key not in _Q0:
-        _Q0[key] = Q0Kernels(m.k.family)
+        _Q0[key] = Q0Kernels(family)
     return _Q0[key]
+
+
+def q0(m: Transformer):
+    """The checked q8_0 / q4_0 kernels of m's family (q0_kernels)."""
+    return q0_kernels(m.k.family)
 
 
 def _floats(a: int, n: int) -> np.ndarray:

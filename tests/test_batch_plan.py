@@ -12,9 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from arm64_qemu import IS_ARM
+from arm64_qemu import IS_ARM, qemu_config
 from gpt2asm import GPT2, ContextOverflowError, InvalidArgumentError
 from gpt2asm import model as model_mod
+
+# under qemu (make test-arm64) a smaller sweep: B = 1, 3, 8 at -j 1 and 3 (the emulated CPU is ~50x slower)
+QEMU = qemu_config() is not None
+BATCHES = (1, 3, 8) if QEMU else (1, 2, 3, 8, 32)
+THREADS = [1, 3] if QEMU else [1, 2, 3]
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -44,11 +49,11 @@ def check_rows_equal_alone(M, batch, alone, toks, lg, am, where: str) -> None:
         assert np.array_equal(bits(s.v[:, :, :s.n]), bits(r.v[:, :, :r.n])), f"{where}: row {i} v cache"
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
 def test_rows_same_bits_as_alone(ckpt_tiny, families, dtype, threads):
     for fam in families:
-        rows_same_bits_as_alone(ckpt_tiny, fam, dtype, threads, (1, 2, 3, 8, 32), f"{fam} {dtype} -j{threads}")
+        rows_same_bits_as_alone(ckpt_tiny, fam, dtype, threads, BATCHES, f"{fam} {dtype} -j{threads}")
 
 
 def rows_same_bits_as_alone(ckpt, fam: str, dtype: str, threads: int, sizes, where: str) -> None:
@@ -65,16 +70,19 @@ def rows_same_bits_as_alone(ckpt, fam: str, dtype: str, threads: int, sizes, whe
                 check_rows_equal_alone(M, batch, alone, toks, lg, am, f"{where} B={B}")
 
 
-@pytest.mark.skipif(IS_ARM, reason="the AArch64 executor does not run the q0 jobs yet")
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [3] if QEMU else [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
 def test_q0_rows_same_bits_as_alone(ckpt_tiny, families, dtype, threads, monkeypatch):
     """q8_0 / q4_0: ROWQUANT rows (LayerNorm folded in) into the q0 matmuls, the q8_0 head: every family
     with its best q0 variant and the plain one."""
     for fam in families:
         for plain in (False, True):
-            monkeypatch.setenv("GPT2ASM_Q0_PLAIN", "1" if plain else "0")
-            rows_same_bits_as_alone(ckpt_tiny, fam, dtype, threads, (1, 2, 3, 8),
+            monkeypatch.setenv("GPT2ASM_Q0_PLAIN", "1" if plain else "0")           # x86: the plain variants
+            if plain:                                                               # AArch64: base ARMv8.0
+                monkeypatch.setenv("GPT2ASM_ARM_Q0", "neon")
+            else:
+                monkeypatch.delenv("GPT2ASM_ARM_Q0", raising=False)
+            rows_same_bits_as_alone(ckpt_tiny, fam, dtype, threads, (1, 3) if QEMU else (1, 2, 3, 8),
                                     f"{fam} {dtype} plain={plain} -j{threads}")
 
 
@@ -294,7 +302,7 @@ def test_124m_shape_rows_same_bits_as_alone(tokenizer_dir):
     (q8_0 / q4_0: its q8_0 records)."""
     from conftest import checkpoint
     ck = checkpoint("124M-2layer", tokenizer_dir, size="124M", n_layer=2, seed=3)
-    cases = [("f16", 3), ("q8", 2)] + ([] if IS_ARM else [("q8_0", 3), ("q4_0", 2)])
+    cases = [("f16", 3), ("q8_0", 3)] if QEMU else [("f16", 3), ("q8", 2), ("q8_0", 3), ("q4_0", 2)]
     for dtype, threads in cases:
         with GPT2.load(ck, dtype=dtype, threads=threads) as m:
             M = m.model

@@ -19,6 +19,16 @@
  * free to choose: on Apple M4 a cluster of cores shares one SME unit, so one streaming-mode thread per
  * process and NEON on the other cores use both the SME unit and the cores' own vector units.
  *
+ * Prefill and batched decode: the row jobs ROWLN (with PRO_EMBED and the row table: each row's own
+ * token and position), ROWATTN, MATMUL, and the batched decode kinds BATTN (item by item: row t, head h)
+ * and ROWARGMAX, as on x86 (docs/kernels.md "Batched decode").
+ *
+ * q8_0 / q4_0 (FL_Q0, KIND_ROWQUANT; docs/kernels.md "q8_0 / q4_0 jobs"): the job carries the addresses of
+ * the kernel variants Python chose (J_QFN the activation quantizer, J_FN the q0 matvec / matmul: neon's
+ * best variant, or sme2's for the sme2 family -- its workers, which otherwise run NEON, call them too),
+ * called with blr: MATVEC / QKV quantize their input into the thread's private area in the prologue,
+ * MATMUL reads rows quantized by a ROWQUANT job (J_X / J_LDX bytes, J_XD / J_LDD).
+ *
  * Atomics: load-exclusive / store-exclusive loops (base ARMv8.0, no LSE needed).  Where the x86 code
  * relies on a locked instruction being a full fence (publishing a run, arriving at a barrier, counting a
  * sleeper), the loop is acquire/release and followed by `dmb ish`; every wait ends with `dmb ish`, so the
@@ -253,6 +263,17 @@ function kv16_store
 2:      ret
 endfunc
 
+/* kv32_copy(dst = x0, src = x1): dst[i] = src[i] for 64 floats (a float32 k / v row into its cache; no
+ * float operation: the bits as they are).  Clobbers x0-x2, v0-v3. */
+function kv32_copy
+        mov     x2, #4
+1:      ld1     {v0.4s, v1.4s, v2.4s, v3.4s}, [x1], #64
+        st1     {v0.4s, v1.4s, v2.4s, v3.4s}, [x0], #64
+        subs    x2, x2, #1
+        b.ne    1b
+        ret
+endfunc
+
 /* ================================================================================================ */
 /* the executor, once per family                                                                    */
 
@@ -302,6 +323,18 @@ endfunc
         ldr     x4, [x21, #J_NIN]
         bl      SYM(gpt2asm_layernorm_f32_neon)
 .Lpro_done\@:
+        /* FL_Q0: every thread quantizes the input into its private area (J_XD: xq [n_in], then xd at
+         * + n_in) with the job's quantizer J_QFN; x24 = xq, which mv_call's q0 path turns into (xq, xd) */
+        unless_bit B_Q0, .Lpro_q0\@
+        mov     x0, x24
+        ldr     x9, [x21, #J_XD]
+        add     x1, x23, x9                     // xq
+        ldr     x3, [x21, #J_NIN]
+        add     x2, x1, x3                      // xd
+        mov     x24, x1
+        ldr     x9, [x21, #J_QFN]
+        blr     x9                              // qfn(in, xq, xd, n_in)
+.Lpro_q0\@:
         .endm
 
         /* claim the next items: x27, x28 = [first, end); branch to \none if none is left.
@@ -355,9 +388,12 @@ endfunc
 
         /* matvec (w = x0, x = x1, b = x2, y = x3, n_in = x4, tile_begin = x5, tile_end = x6; scales in x15)
          * with the kernel of the job's dtype: gpt2asm_matvec_{f32,f16}_\isa, or gpt2asm_matvec_q8_neon
-         * after moving the arguments into its order (w, scale, x, b, y, n_in, tile_begin, tile_end) */
+         * after moving the arguments into its order (w, scale, x, b, y, n_in, tile_begin, tile_end);
+         * FL_Q0 (tested first: not in FL_DTYPE_MASK): the job's kernel J_FN with x = xq (job_prologue) as
+         * (w, xq, xd = xq + n_in, b, y, n_in, tile_begin, tile_end) */
         .macro  mv_call isa
         ldr     w9, [x21, #J_FLAGS]
+        tbnz    w9, #B_Q0, .Lmv0\@
         tst     w9, #FL_DTYPE_MASK
         b.ne    .Lmv1\@
         bl      SYM(gpt2asm_matvec_f32_\isa)
@@ -369,15 +405,24 @@ endfunc
 .Lmv2\@:
         args_up
         bl      SYM(gpt2asm_matvec_q8_neon)
+        b       .Lmv3\@
+.Lmv0\@:
+        mov_up  7, 6, 5, 4, 3, 2                // x7 .. x3 = x6 .. x2
+        add     x2, x1, x5                      // xd = xq + n_in
+        ldr     x9, [x21, #J_FN]
+        blr     x9
 .Lmv3\@:
         .endm
 
         /* matmul (w = x0, x = x1, ldx = x2, b = x3, y = x4, ldy = x5, n_tokens = x6, n_in = x7, tile_begin,
          * tile_end = [sp], [sp, #8]; scales in x15) with the kernel of the job's dtype:
          * gpt2asm_matmul_{f32,f16,q8}_\isa; q8 takes
-         * (w, scale, x, ldx, b, y, ldy, n_tokens, n_in, tile_begin, tile_end) */
+         * (w, scale, x, ldx, b, y, ldy, n_tokens, n_in, tile_begin, tile_end); FL_Q0 (tested first): the
+         * job's kernel J_FN as (w, xq = x, ldq = ldx (bytes), xd = J_XD, ldd = J_LDD, b, y, ldy, n_tokens,
+         * n_in, tile_begin, tile_end) */
         .macro  mm_call isa
         ldr     w9, [x21, #J_FLAGS]
+        tbnz    w9, #B_Q0, .Lmm0\@
         tst     w9, #FL_DTYPE_MASK
         b.ne    .Lmm1\@
         bl      SYM(gpt2asm_matmul_f32_\isa)
@@ -392,6 +437,18 @@ endfunc
         str     x7, [sp]                        // n_in
         args_up
         bl      SYM(gpt2asm_matmul_q8_\isa)
+        b       .Lmm3\@
+.Lmm0\@:
+        ldp     x9, x10, [sp]
+        stp     x9, x10, [sp, #16]              // tile_begin, tile_end
+        stp     x6, x7, [sp]                    // n_tokens, n_in
+        mov     x7, x5                          // ldy
+        mov     x6, x4                          // y
+        mov     x5, x3                          // b
+        ldr     x3, [x21, #J_XD]                // xd
+        ldr     x4, [x21, #J_LDD]               // ldd
+        ldr     x9, [x21, #J_FN]
+        blr     x9
 .Lmm3\@:
         .endm
 
@@ -448,7 +505,9 @@ endfunc
         madd    x0, x9, x10, x0                 // the tile's weights
         mov     x1, x24
         ldr     x2, [x21, #J_B]
-        add     x2, x2, x9, lsl #8              // b + 64 t
+        cbz     x2, .Lqtb\@
+        add     x2, x2, x9, lsl #8              // b + 64 t (or 0)
+.Lqtb\@:
         ldr     x15, [x21, #J_SCALE]
         add     x15, x15, x9, lsl #8            // scale + 64 t (q8)
         ldr     x10, [sp, #F_H]
@@ -535,6 +594,40 @@ endfunc
         .word   \target - .Lkinds_\isa
         .endm
 
+        /* one new k (\part 1) or v (\part 2) row of BATTN's item (row t: entry x24, c_attn row x27; head
+         * h = F_ROW): K / V = RT_K + a0 / RT_V + a1 (bytes), at (h a3 + 64 pos_t) elements, = the 64
+         * floats at x27 + 64 (\part H + h): a copy, or with KV16 rounded to binary16 (kv16_store, as
+         * QKV's staged rows) */
+        .macro  battn_put part
+        ldr     x9, [sp, #F_ROW]                // h
+        ldr     x10, [x21, #J_N]                // H
+        ldr     x11, [x21, #J_A3]
+        ldr     x12, [x24, #RT_POS]
+        lsl     x12, x12, #6
+        madd    x11, x9, x11, x12               // h a3 + 64 pos_t (elements)
+        .if \part == 1
+        add     x9, x9, x10                     // H + h
+        ldr     x0, [x24, #RT_K]
+        ldr     x12, [x21, #J_A0]
+        .else
+        add     x9, x9, x10, lsl #1             // 2H + h
+        ldr     x0, [x24, #RT_V]
+        ldr     x12, [x21, #J_A1]
+        .endif
+        add     x0, x0, x12                     // the layer's cache of row t
+        add     x1, x27, x9, lsl #8             // k_h / v_h
+        ldr     w13, [x21, #J_FLAGS]
+        tbnz    w13, #B_KV16, .Lbp16\@
+        add     x0, x0, x11, lsl #2
+        bl      kv32_copy
+        b       .Lbpd\@
+.Lbp16\@:
+        add     x0, x0, x11, lsl #1
+        mov     x2, #64
+        bl      kv16_store
+.Lbpd\@:
+        .endm
+
         .macro  plan_family isa
 /* plan_jobs_<isa>(ctx = x0, plan = x1, first job = x2, end = x3, tid = x4) */
 function plan_jobs_\isa, align=5
@@ -600,9 +693,9 @@ function plan_jobs_\isa, align=5
         kind_entry \isa, KIND_MATMUL, kind_matmul_\isa
         kind_entry \isa, KIND_ROWLN, kind_rowln_\isa
         kind_entry \isa, KIND_ROWATTN, kind_rowattn_\isa
-        kind_entry \isa, KIND_ROWQUANT, .Lbarrier_\isa   // q0 prefill: not yet ported (issue 17)
-        kind_entry \isa, KIND_BATTN, .Lbarrier_\isa          /* not yet: the guard */
-        kind_entry \isa, KIND_ROWARGMAX, .Lbarrier_\isa      /* not yet: the guard */
+        kind_entry \isa, KIND_ROWQUANT, kind_rowquant_\isa
+        kind_entry \isa, KIND_BATTN, kind_battn_\isa
+        kind_entry \isa, KIND_ROWARGMAX, kind_rowargmax_\isa
         kind_entry \isa, KIND_COUNT, .Lbarrier_\isa
 endfunc
 
@@ -816,7 +909,8 @@ function kind_matmul_\isa
         b       .Lmatmul_\isa
 endfunc
 
-        /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats */
+        /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats; with
+         * PRO_EMBED (batched decode) first x[t ldx ..] = wte[token_t] + wpe[pos_t] (the row table's) */
 /* kind_rowln_<isa> (KIND_ROWLN): entered by branch from plan_jobs_<isa> (the common contract above);
  * x27, x28 the claimed rows; frame F_H (row). Leaves by `claim` branching to .Lbarrier_<isa> once no
  * item is left. */
@@ -825,6 +919,25 @@ function kind_rowln_\isa
         claim   .Lbarrier_\isa
         str     x27, [sp, #F_H]
 .Lrowln_row_\isa:
+        unless_bit B_PRO_EMBED, 1f              // batched decode, layer 0: row t's embedding first
+        ldr     x9, [sp, #F_H]
+        ldr     x10, [x21, #J_LDX]
+        mul     x10, x9, x10
+        ldr     x0, [x21, #J_X]
+        add     x0, x0, x10, lsl #2             // x row t
+        mov     x10, #RT_SIZE
+        ldr     x11, [x20, #PL_RTAB]
+        madd    x11, x9, x10, x11               // its row table entry
+        ldp     x9, x10, [x11, #RT_TOKEN]       // token_t, pos_t
+        ldr     x3, [x20, #PL_C]
+        mul     x9, x9, x3
+        ldr     x1, [x20, #PL_WTE]
+        add     x1, x1, x9, lsl #2              // wte[token_t]
+        mul     x10, x10, x3
+        ldr     x2, [x20, #PL_WPE]
+        add     x2, x2, x10, lsl #2             // wpe[pos_t]
+        bl      vadd_neon                       // x[t] = wte[token_t] + wpe[pos_t]
+1:
         ldr     x9, [sp, #F_H]
         ldr     x10, [x21, #J_LDX]
         mul     x10, x9, x10
@@ -881,6 +994,130 @@ function kind_rowattn_\isa
         att_call
         next_item .Lra_item_\isa
         b       .Lrowattn_\isa
+endfunc
+
+        /* ---- ROWQUANT (items = rows t < PL_NTOK): src = x[t ldx ..] (n_in floats), with PRO_LN first
+         * h = layernorm(src) into the private h and src = h; then J_QFN(src, y + t ldy (int8 xq row:
+         * ldy bytes), J_XD + t ldd (float xd row), n_in) */
+/* kind_rowquant_<isa> (KIND_ROWQUANT): entered by branch from plan_jobs_<isa> (the common contract
+ * above); x27, x28 the claimed rows; x24 the row's source; frame F_H (row). Leaves by `claim` branching
+ * to .Lbarrier_<isa> once no item is left. */
+function kind_rowquant_\isa
+.Lrowquant_\isa:
+        claim   .Lbarrier_\isa
+        str     x27, [sp, #F_H]
+.Lrq_row_\isa:
+        ldr     x9, [sp, #F_H]
+        ldr     x10, [x21, #J_LDX]
+        mul     x10, x9, x10
+        ldr     x24, [x21, #J_X]
+        add     x24, x24, x10, lsl #2           // x row t
+        unless_bit B_PRO_LN, 1f
+        mov     x0, x24
+        ldr     x1, [x21, #J_G]
+        ldr     x2, [x21, #J_BETA]
+        ldr     x9, [x20, #PL_H_OFF]
+        add     x3, x23, x9
+        mov     x24, x3                         // the private h
+        ldr     x4, [x21, #J_NIN]
+        bl      SYM(gpt2asm_layernorm_f32_neon)
+1:      ldr     x9, [sp, #F_H]
+        ldr     x10, [x21, #J_LDY]
+        ldr     x1, [x21, #J_Y]
+        madd    x1, x9, x10, x1                 // xq row t (ldy bytes)
+        ldr     x10, [x21, #J_LDD]
+        mul     x10, x9, x10
+        ldr     x2, [x21, #J_XD]
+        add     x2, x2, x10, lsl #2             // xd row t (ldd floats)
+        mov     x0, x24
+        ldr     x3, [x21, #J_NIN]
+        ldr     x9, [x21, #J_QFN]
+        blr     x9                              // qfn(src, xq, xd, n_in)
+        next_item .Lrq_row_\isa
+        b       .Lrowquant_\isa
+endfunc
+
+        /* ---- BATTN (batched decode; items i < H * PL_NTOK: row t = i / H, head h = i % H, J_N = H), item
+         * by item: head h's new key and value (the c_attn output row J_X + t ldx: k_h at 64 (H + h), v_h at
+         * 64 (2H + h) floats) into row t's caches (row table: RT_K + J_A0, RT_V + J_A1 bytes, head h at
+         * h J_A3 elements) at position pos_t, then the attention of head h: q = J_X + t ldx, out = J_Y +
+         * t ldy, heads [h, h+1), n_pos = pos_t + 1 -- the step's call on that sequence (the same bits as
+         * a call over a range of heads). */
+/* kind_battn_<isa> (KIND_BATTN): entered by branch from plan_jobs_<isa> (the common contract above);
+ * x28 the claim's end; x24 row t's row table entry, x27 its c_attn output row; frame F_H (item), F_ROW
+ * (head h), F_KVDST (out row t). Leaves by `claim` branching to .Lbarrier_<isa> once no item is left. */
+function kind_battn_\isa
+.Lbattn_\isa:
+        claim   .Lbarrier_\isa
+        str     x27, [sp, #F_H]
+.Lba_item_\isa:
+        ldr     x9, [sp, #F_H]
+        ldr     x10, [x21, #J_N]                // H
+        udiv    x11, x9, x10                    // t
+        msub    x12, x11, x10, x9               // h
+        str     x12, [sp, #F_ROW]
+        mov     x13, #RT_SIZE
+        ldr     x14, [x20, #PL_RTAB]
+        madd    x24, x11, x13, x14              // row t's row table entry
+        ldr     x13, [x21, #J_LDY]
+        mul     x13, x11, x13
+        ldr     x14, [x21, #J_Y]
+        add     x14, x14, x13, lsl #2
+        str     x14, [sp, #F_KVDST]             // out row t
+        ldr     x13, [x21, #J_LDX]
+        mul     x13, x11, x13
+        ldr     x14, [x21, #J_X]
+        add     x27, x14, x13, lsl #2           // c_attn output row t: q | k | v
+        battn_put 1
+        battn_put 2
+        mov     x0, x27                         // q
+        ldr     x1, [x24, #RT_K]
+        ldr     x9, [x21, #J_A0]
+        add     x1, x1, x9                      // the layer's k cache of row t
+        ldr     x2, [x24, #RT_V]
+        ldr     x9, [x21, #J_A1]
+        add     x2, x2, x9                      // ... and v cache
+        ldr     x3, [sp, #F_KVDST]              // out row t
+        ldr     x9, [x20, #PL_S_OFF]
+        add     x4, x23, x9                     // scratch
+        ldr     x5, [x24, #RT_POS]
+        add     x5, x5, #1                      // n_pos = pos_t + 1
+        ldr     x6, [x21, #J_A3]                // head_stride
+        ldr     x7, [sp, #F_ROW]                // head_begin h
+        add     x9, x7, #1
+        str     x9, [sp]                        // head_end h + 1
+        att_call
+        next_item .Lba_item_\isa
+        b       .Lbattn_\isa
+endfunc
+
+        /* ---- ROWARGMAX (batched decode; items = rows t < PL_NTOK): row t's RT_ARGMAX = the first maximum
+         * of x[t ldx .. + n_in) (gpt2asm_argmax_f32_neon), SIZE_MAX - 1 if one is NaN or an infinity */
+/* kind_rowargmax_<isa> (KIND_ROWARGMAX): entered by branch from plan_jobs_<isa> (the common contract
+ * above); x27, x28 the claimed rows; frame F_H (row). Leaves by `claim` branching to .Lbarrier_<isa>
+ * once no item is left. */
+function kind_rowargmax_\isa
+.Lrowargmax_\isa:
+        claim   .Lbarrier_\isa
+        str     x27, [sp, #F_H]
+.Lram_row_\isa:
+        ldr     x9, [sp, #F_H]
+        ldr     x10, [x21, #J_LDX]
+        mul     x10, x9, x10
+        ldr     x0, [x21, #J_X]
+        add     x0, x0, x10, lsl #2             // logits row t
+        ldr     x1, [x21, #J_NIN]
+        bl      SYM(gpt2asm_argmax_f32_neon)    // first maximum, SIZE_MAX if not all finite
+        mov     x9, #-2
+        cmn     x0, #1
+        csel    x0, x9, x0, eq                  // SIZE_MAX - 1: a NaN or an infinity
+        ldr     x9, [sp, #F_H]
+        mov     x10, #RT_SIZE
+        ldr     x11, [x20, #PL_RTAB]
+        madd    x11, x9, x10, x11
+        str     x0, [x11, #RT_ARGMAX]
+        next_item .Lram_row_\isa
+        b       .Lrowargmax_\isa
 endfunc
 
         .endm
