@@ -74,7 +74,7 @@ CASES = [  # (prompt length, max tokens, sampling, join at driver step, cancel a
 @pytest.mark.parametrize("threads", [2] if qemu_config() else [1, 2])
 @pytest.mark.parametrize("dtype", ["f16"] if qemu_config() else ["f32", "f16", "q8", "q8_0", "q4_0"])
 def test_join_and_leave_same_bits_as_alone(ckpt_tiny, families, dtype, threads):
-    for fam in families:
+    for fam in families[-1:] if qemu_config() else families:        # qemu: the last family (sme2 / neon)
         join_and_leave(ckpt_tiny, fam, dtype, threads)
 
 
