@@ -23,6 +23,7 @@ import collections
 import os
 from typing import Iterator
 
+from .args import integer
 from .errors import InvalidArgumentError
 from .scheduler import MAX_SEED, Scheduler, SeqSpec, sample_seed
 
@@ -50,7 +51,6 @@ def _stop_is_list(v) -> bool:
 
 def specs(id_lists: list[list[int]], n, max_new_tokens, stop, sampling: dict, logprobs=None) -> list[SeqSpec]:
     """SeqSpecs for every sample of every prompt, in choice order (j = i * n + k)."""
-    from .args import integer as _int_arg
     unknown = set(sampling) - set(SAMPLING)
     if unknown:
         raise InvalidArgumentError(f"unknown argument(s) {', '.join(sorted(unknown))}; sampling takes "
@@ -58,17 +58,17 @@ def specs(id_lists: list[list[int]], n, max_new_tokens, stop, sampling: dict, lo
     P = len(id_lists)
     if P == 0:
         raise InvalidArgumentError("no prompts")
-    n = _int_arg("n", 1 if n is None else n, 1, 4096)
+    n = integer("n", 1 if n is None else n, 1, 4096)
     mx = _per_prompt("max_new_tokens", max_new_tokens, P)
     st = _per_prompt("stop", stop, P, _stop_is_list)
     per = {k: _per_prompt(k, v, P) for k, v in sampling.items()}
     seeds = per.pop("seed", [None] * P)
     if isinstance(sampling.get("seed"), (list, tuple)):
-        base = [s if s is None else _int_arg("seed", s, 0, MAX_SEED) for s in seeds]
+        base = [s if s is None else integer("seed", s, 0, MAX_SEED) for s in seeds]
         base = [int.from_bytes(os.urandom(8), "little") if s is None else s for s in base]
     else:
         s = sampling.get("seed")
-        s = int.from_bytes(os.urandom(8), "little") if s is None else _int_arg("seed", s, 0, MAX_SEED)
+        s = int.from_bytes(os.urandom(8), "little") if s is None else integer("seed", s, 0, MAX_SEED)
         base = [sample_seed(s, i * n) for i in range(P)]
     out = []
     for i, ids in enumerate(id_lists):

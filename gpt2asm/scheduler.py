@@ -44,10 +44,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .args import MAX_SEED, integer
 from .errors import GPT2AsmError, InvalidArgumentError
 from .scoring import log_softmax
 
-MAX_SEED = (1 << 64) - 1
 
 
 class QueueFullError(GPT2AsmError):
@@ -155,12 +155,11 @@ class _Seq:
 
 class Scheduler:
     def __init__(self, gpt2, max_batch: int = 32, max_queue: int = 256, prefill_chunk: int = 64):
-        from .args import integer as _int_arg
         self.m = gpt2
         self.model = gpt2.model
-        self.max_batch = _int_arg("max_batch", max_batch, 1, 4096)
-        self.max_queue = _int_arg("max_queue", max_queue, 0, 1 << 20)
-        self.prefill_chunk = _int_arg("prefill_chunk", prefill_chunk, 1, 1 << 20)
+        self.max_batch = integer("max_batch", max_batch, 1, 4096)
+        self.max_queue = integer("max_queue", max_queue, 0, 1 << 20)
+        self.prefill_chunk = integer("prefill_chunk", prefill_chunk, 1, 1 << 20)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: collections.deque[list[_Seq]] = collections.deque()   # requests, all or none
@@ -180,13 +179,12 @@ class Scheduler:
     @staticmethod
     def resolve_spec(gpt2, spec: SeqSpec):
         """A SeqSpec checked as GPT2.generate checks its arguments: (ids, n, Sampler, stop, logprobs)."""
-        from .args import integer as _int_arg
         from .engine import _check_stop
         if not isinstance(spec.sampling, dict):
             raise InvalidArgumentError("sampling must be a dict")
         ids, n, sampler = gpt2._prepare(spec.prompt_ids, spec.max_tokens, dict(spec.sampling))
         stop = _check_stop(spec.stop)
-        lp = None if spec.logprobs is None else _int_arg("logprobs", spec.logprobs, 0, 20)
+        lp = None if spec.logprobs is None else integer("logprobs", spec.logprobs, 0, 20)
         return ids, n, sampler, stop, lp
 
     def submit(self, specs: list[SeqSpec], callback: Callable[[Event], None] | None = None) -> Request:

@@ -42,6 +42,7 @@ import threading
 import time
 import uuid
 
+from .args import integer, sampling as check_sampling
 from .errors import ContextOverflowError, GPT2AsmError, InvalidArgumentError
 
 log = logging.getLogger("gpt2asm.server")
@@ -99,7 +100,6 @@ def _bool(name):
 def parse_completion(m, body: dict, model_id: str) -> dict:
     """The request body checked: prompts as token id lists, every sample's SeqSpec, flags."""
     from .batch import specs
-    from .args import integer as _int_arg, sampling as check_sampling
     from .engine import _check_stop
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
@@ -131,8 +131,8 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
         id_lists = [m.encode(p) if isinstance(p, str) else m.check_ids(p) for p in id_lists]
     except GPT2AsmError as e:
         raise APIError(400, str(e), param="prompt") from None
-    max_tokens = _arg(body, "max_tokens", 16, lambda v: _int_arg("max_tokens", v, 0, 1 << 30))
-    n = _arg(body, "n", 1, lambda v: _int_arg("n", v, 1, MAX_N))
+    max_tokens = _arg(body, "max_tokens", 16, lambda v: integer("max_tokens", v, 0, 1 << 30))
+    n = _arg(body, "n", 1, lambda v: integer("n", v, 1, MAX_N))
     if body.get("best_of") not in (None, n):
         raise APIError(400, "best_of must equal n (or be omitted)", param="best_of")
     if len(id_lists) * n > MAX_CHOICES:
@@ -156,7 +156,7 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
         raise APIError(400, "at most 16 stop strings", param="stop")
     stream = _arg(body, "stream", False, _bool("stream"))
     echo = _arg(body, "echo", False, _bool("echo"))
-    logprobs = _arg(body, "logprobs", None, lambda v: v if v is None else _int_arg("logprobs", v, 0, MAX_LOGPROBS))
+    logprobs = _arg(body, "logprobs", None, lambda v: v if v is None else integer("logprobs", v, 0, MAX_LOGPROBS))
     so = body.get("stream_options")
     if so is not None and not (isinstance(so, dict) and set(so) <= {"include_usage"}
                                and isinstance(so.get("include_usage", False), bool)):
