@@ -202,8 +202,8 @@ class Kernels(CheckedOps):
 
     def _q0_symbols(self) -> dict[str, str] | None:
         """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any.
-        x86: the family's variant (_q0_variant) for every op, the quantizer of its width.  AArch64 (used
-        once Q0_PLAN_FAMILIES has the Arm families): neon's quantizer, cpu.q0_isa's best neon variant per
+        x86: the family's variant (_q0_variant) for every op, the quantizer of its width.  AArch64 (its
+        families are in Q0_PLAN_FAMILIES): neon's quantizer, cpu.q0_isa's best neon variant per
         op ($GPT2ASM_ARM_Q0 caps it), or the sme2 matvec / matmul for the sme2 family (as ArmQ0)."""
         kinds = ("q8_0", "q4_0")
         if ARCH == "aarch64":
