@@ -373,6 +373,37 @@ def test_llamacpp_converter(ckpt_tiny, tmp_path, outtype, dtype):
     assert tok.encoder == ref.encoder and tok.ranks == ref.ranks and tok.eot_id == ref.eot_id
 
 
+def _quantizer() -> Path | None:
+    """llama-quantize of make llamacpp's build, if there."""
+    env = os.environ.get("LLAMACPP_DIR")
+    base = Path(env) if env else ROOT / ".cache" / "llamacpp"
+    found = sorted(glob.glob(str(base / "build-*" / "bin" / "llama-quantize")))
+    return Path(found[-1]) if found else None
+
+
+def test_llamacpp_quantize_q4_0(ckpt_tiny, tmp_path):
+    """llama-quantize's Q4_0 of the converter's F32 GGUF holds, in every block matrix, the same ints and
+    scales as --dtype q4_0 of the checkpoint (ggml's C reference quantizer = gguf.quants = quant0); the
+    output / token embedding it keeps at its own higher-precision choice, so only the blocks compare."""
+    conv, quant = _converter(), _quantizer()
+    if conv is None or quant is None:
+        pytest.skip("llama.cpp's converter / llama-quantize are not here (make llamacpp builds them)")
+    f32, q4 = tmp_path / "m-f32.gguf", tmp_path / "m-q4_0.gguf"
+    env = {**os.environ, "PYTHONPATH": str(conv.parent / "gguf-py"), "TQDM_DISABLE": "1"}
+    p = subprocess.run([sys.executable, str(conv), str(ckpt_tiny), "--outtype", "f32", "--outfile", str(f32)],
+                       capture_output=True, text=True, env=env, cwd=conv.parent, timeout=600)
+    if p.returncode != 0:
+        pytest.skip(f"the converter failed here: {p.stderr.strip()[-300:]}")
+    p = subprocess.run([str(quant), str(f32), str(q4), "Q4_0", "1"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-800:]
+    got, want = load_gguf_weights(q4), load_weights(ckpt_tiny, "q4_0")
+    assert got.dtype == "q4_0"
+    for i, (L, M) in enumerate(zip(got.layers, want.layers, strict=True)):
+        for name in ("attn_w", "attn_proj_w", "fc_w", "proj_w"):
+            u, v = getattr(L, name), getattr(M, name)
+            assert (u.dtype, u.shape) == (v.dtype, v.shape) and bits(u) == bits(v), (i, name)
+
+
 # ---------------------------------------------------------------------------------------------------
 # warm start: load_gguf caches everything a cold load gives
 
