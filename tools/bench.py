@@ -55,6 +55,7 @@ Results go to results/bench.md and results/bench.json.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -326,6 +327,7 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         out["steps_ttft_s"] = time.perf_counter() - t0
         pre = m.model.prefill(m.model.new_state(), pids)[0]
         out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
+        out["logits_sha"] = hashlib.sha256(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest()
     m.close()
     return out
 
@@ -998,6 +1000,16 @@ def main(argv=None) -> int:
     lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
                  "batched prefill; last-token logits of both bit-identical: "
                  + (("yes, every row" if all(same) else f"NO in {same.count(False)} row(s)") if same else "–"))
+    shas: dict = {}                                   # dtype -> {sha: [family -j, ...]}
+    for r in rows:
+        for x in r["runs"]:
+            if x.get("logits_sha"):
+                shas.setdefault(r["dtype"], {}).setdefault(x["logits_sha"], set()).add(f"{r['isa']} -j {r['threads']}")
+    if shas:
+        lines.append(f"- bit-identity: SHA-256 of the last-token logits of the {prompt_len}-token prompt (cached "
+                     "steps), per dtype over every family and -j of this run: "
+                     + "; ".join(f"{dt} {next(iter(v))[:16]} (one hash, {len(next(iter(v.values())))} rows)"
+                                 if len(v) == 1 else f"{dt}: {len(v)} DIFFERENT hashes" for dt, v in shas.items()))
     lims = [f"{r['isa']} {r['dtype']} -j {r['threads']} {r['steps_s'] / r['prefill_at_peak_s']:.1f}x" for r in rows
             if r.get("steps_s") and r.get("prefill_at_peak_s")]
     if lims:
