@@ -517,7 +517,7 @@ def w_server(model: str, dtype: str, isa: str | None, threads: int, clients: int
              max_tokens: int, limit_s: float) -> dict:
     """`python -m gpt2asm serve` on 127.0.0.1 (an ephemeral port), then `clients` concurrent streaming
     greedy clients, each sending `requests` completions of max_tokens one after the other (after one
-    untimed request): TTFT (request sent to first streamed token) and inter-token gaps (between a stream's
+    untimed round of `clients` concurrent requests): TTFT (request sent to first streamed token) and inter-token gaps (between a stream's
     successive chunks), p50 / p99 over all.  Everything bounded by limit_s; the server gets SIGTERM."""
     import http.client
     import signal
@@ -578,7 +578,18 @@ def w_server(model: str, dtype: str, isa: str | None, threads: int, clients: int
             except OSError:
                 pass
             time.sleep(0.2)
-        request(PROMPT, [])                                     # warm-up
+        # warm-up: one untimed round of `clients` concurrent requests, so that the timed rounds find the
+        # slots' KV caches allocated and touched and the batch / prefill plans of those sizes built
+        def warm_one(i):
+            try:
+                request(f"{PROMPT} (w{i})", [])
+            except Exception:                               # noqa: BLE001 -- the timed rounds report errors
+                pass
+        warm = [threading.Thread(target=warm_one, args=(i,), daemon=True) for i in range(clients)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join(max(0.0, deadline - time.monotonic()))
         streams, errors = [], []
 
         def client(i):
@@ -1143,7 +1154,7 @@ def _server_table(server_res: dict, clients: int, requests: int, tokens: int, of
     if not server_res:
         return []
     out = ["", f"Server (`python -m gpt2asm serve` on 127.0.0.1, {clients} concurrent streaming greedy clients, "
-           f"{requests} request(s) of {tokens} tokens each, after one untimed request):", "",
+           f"{requests} request(s) of {tokens} tokens each, after one untimed round of {clients} concurrent requests):", "",
            "| dtype | -j | requests | tokens | TTFT p50 / p99 ms | inter-token p50 / p99 ms | aggregate tok/s | errors |",
            "|---|---|---|---|---|---|---|---|"]
     for dt, v in server_res.items():
