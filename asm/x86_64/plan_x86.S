@@ -300,6 +300,7 @@ vadd_avx512:
  *     88(%rsp)        the job's item count          96(%rsp)  row of a MATMUL epilogue
  *     104(%rsp)       FL_KV16: the cache rows its staged k / v rows go to
  *     112(%rsp)       BATTN: the end of the claimed heads of the current row
+ *     120(%rsp)       MATMUL: the tiles of the current kernel call  (128: padding)
  * Callee-saved registers: r12 ctx, r13 plan, r14 current job, r15 thread id, rbx private area,
  * rbp the job's matvec input (x, or the private LayerNorm output). */
 #define F_END   56
@@ -310,7 +311,8 @@ vadd_avx512:
 #define F_ROW   96
 #define F_KVDST 104
 #define F_HEND  112     /* BATTN: the end of the claim's heads in the current row */
-#define FRAME   120
+#define F_NT    120     /* MATMUL: tiles of the current kernel call (1, or a q0 claim's) */
+#define FRAME   136
 
         /* rbp = the job's matvec input, after its prologue (embedding add, LayerNorm) */
         .macro  job_prologue isa, sfx
@@ -850,15 +852,25 @@ kind_attn_\isa:
          * of the pointers shifted to tau (w + tau tile_bytes, b / scale / y + 64 tau); with FL_KV the
          * tiles [H, 2H) and [2H, 3H) (H = J_A4) go to the k / v cache rows pos .. (rows 64 floats apart);
          * then the epilogue on the tile's 64 outputs of every row: GELU in place, or RESID
-         * r[t ldr + o] = r[t ldr + o] + y[t ldy + o]. */
+         * r[t ldr + o] = r[t ldr + o] + y[t ldy + o].  FL_Q0 without FL_KV: the claim's tiles
+         * [tau, F_T1) in one call (tiles [0, F_NT) shifted to tau) and one epilogue over their 64 F_NT
+         * outputs per row -- the q0 kernels repack their input rows once per call. */
         .p2align 4
 /* kind_matmul_<isa> (KIND_MATMUL): entered by jump from plan_jobs_<isa> (the common contract above);
- * frame F_T0, F_T1, F_H (tile tau), F_ROW (epilogue row), F_KVDST; rbp unused. Leaves by `claim`
+ * frame F_T0, F_T1, F_H (tile tau), F_NT, F_ROW (epilogue row), F_KVDST; rbp unused. Leaves by `claim`
  * jumping to .Lbarrier_<isa> once no item is left. */
 kind_matmul_\isa:
 .Lmatmul_\isa:
         claim_first \isa
 .Lmm_tile_\isa:
+        movl    $1, %eax
+        movl    J_FLAGS(%r14), %ecx
+        andl    $(FL_Q0|FL_KV), %ecx
+        cmpl    $FL_Q0, %ecx
+        jne     0f
+        movq    F_T1(%rsp), %rax
+        subq    F_H(%rsp), %rax                 /* q0 without KV: every claimed tile */
+0:      movq    %rax, F_NT(%rsp)
         movq    F_H(%rsp), %rax                 /* tau */
         movq    %rax, %rdi
         imulq   J_TILEB(%r14), %rdi
@@ -900,8 +912,9 @@ kind_matmul_\isa:
         movq    %rax, 0(%rsp)                   /* n_tokens */
         movq    J_NIN(%r14), %rax
         movq    %rax, 8(%rsp)                   /* n_in */
-        movq    $0, 16(%rsp)                    /* tiles [0, 1) of the shifted pointers */
-        movq    $1, 24(%rsp)
+        movq    $0, 16(%rsp)                    /* tiles [0, F_NT) of the shifted pointers */
+        movq    F_NT(%rsp), %rax
+        movq    %rax, 24(%rsp)
         mm_call \isa
         movl    J_FLAGS(%r14), %eax
         testl   $FL_KV16, %eax
@@ -935,17 +948,22 @@ kind_matmul_\isa:
         unless_flag EPI_GELU, 4f
         movq    %rdx, %rdi
         movq    %rdx, %rsi
-        movl    $64, %edx
+        movq    F_NT(%rsp), %rdx
+        shlq    $6, %rdx                        /* 64 F_NT outputs */
         xcall   gpt2asm_gelu_f32_\isa           /* y = gelu(y), in place */
         jmp     .Lmm_epi_\isa
 4:      imulq   J_LDR(%r14), %rax
         leaq    (%rsi,%rax,4), %rdi
         addq    J_A0(%r14), %rdi                /* &r[row][64 tau] */
         movq    %rdi, %rsi
-        movl    $64, %ecx
+        movq    F_NT(%rsp), %rcx
+        shlq    $6, %rcx                        /* 64 F_NT outputs */
         call    vadd_\isa                       /* r = r + y */
         jmp     .Lmm_epi_\isa
 .Lmm_next_\isa:
+        movq    F_NT(%rsp), %rax
+        decq    %rax
+        addq    %rax, F_H(%rsp)                 /* the last tile of the call */
         item_next .Lmm_tile_\isa, .Lmatmul_\isa
 
         /* ---- ROWLN (items = rows t < PL_NTOK): y[t ldy ..] = layernorm(x[t ldx ..]), n_in floats; with
