@@ -85,7 +85,7 @@
 #define J_A3                104     /* u64: QKV, ATTN, ROWATTN, MATMUL+KV: head stride (elements)    */
 #define J_A4                112     /* u64: ATTN: n_pos;  MATMUL+KV: n_head                          */
 #define J_TILEB             120     /* u64: bytes of one weight tile (n_in * 64 * element size)     */
-#define J_SCALE             128     /* u64: q8: per-output scales (float [64 n_tiles]), else 0       */
+                                    /* bytes 128-135: unused (Python writes 0)                        */
 #define J_LDX               136     /* u64: row jobs: floats between input rows                      */
 #define J_LDY               144     /* u64: row jobs: floats between output rows                     */
 #define J_LDR               152     /* u64: MATMUL+RESID: floats between rows of the residual (A0)   */
@@ -125,8 +125,7 @@
                                        the others into a private copy that their LayerNorm reads)     */
                                     /* ROWLN (with a row table): row t's x = wte[RT_TOKEN] + wpe[RT_POS]
                                        first, into J_X + t*J_LDX, by the thread of row t               */
-#define B_F16               2       /* weights: binary16 (F16), int8 + J_SCALE (Q8), else binary32   */
-#define B_Q8                3
+#define B_F16               2       /* weights: binary16 (F16), else binary32 (bit 3: unused)        */
 #define B_EPI               4       /* bits 4-5: the epilogue (EPI_*)                                */
 #define B_EPI_GELU          4       /* the low epilogue bit: GELU (or ARGMAX), not RESID             */
 #define B_ROWS              6       /* items = J_N * PL_NTOK (ROWLN, ROWATTN)                         */
@@ -136,13 +135,11 @@
 #define B_KV16              14      /* QKV, ATTN, ROWATTN, MATMUL+KV: binary16 caches (rows of 64
                                        halves; J_A3 counts elements)                                  */
 #define B_Q0                15      /* MATVEC, QKV, MATMUL: q8_0 / q4_0 tiled records, the kernel J_FN
-                                       (F16 and Q8 clear; not in FL_DTYPE_MASK: test it first)        */
+                                       (F16 clear)                                                    */
 #define PRO_LN              (1<<B_PRO_LN)
 #define PRO_EMBED           (1<<B_PRO_EMBED)
 #define PRO_MASK            (PRO_LN|PRO_EMBED)
 #define FL_F16              (1<<B_F16)
-#define FL_Q8               (1<<B_Q8)
-#define FL_DTYPE_MASK       (FL_F16|FL_Q8)
 #define EPI_MASK            (3<<B_EPI)
 #define EPI_GELU            (1<<B_EPI)    /* y = gelu(y) over the claimed tiles                    */
 #define EPI_RESID           (2<<B_EPI)    /* x[o] = x[o] + y[o] over the claimed tiles             */
@@ -275,7 +272,6 @@ PLAN_FIELD(J_A2, u64, J_SIZE, a2)
 PLAN_FIELD(J_A3, u64, J_SIZE, a3)
 PLAN_FIELD(J_A4, u64, J_SIZE, a4)
 PLAN_FIELD(J_TILEB, u64, J_SIZE, tile_bytes)
-PLAN_FIELD(J_SCALE, u64, J_SIZE, scale)
 PLAN_FIELD(J_LDX, u64, J_SIZE, ldx)
 PLAN_FIELD(J_LDY, u64, J_SIZE, ldy)
 PLAN_FIELD(J_LDR, u64, J_SIZE, ldr)
@@ -302,7 +298,6 @@ PLAN_VALUE(KIND_COUNT)
 PLAN_VALUE(B_PRO_LN)
 PLAN_VALUE(B_PRO_EMBED)
 PLAN_VALUE(B_F16)
-PLAN_VALUE(B_Q8)
 PLAN_VALUE(B_EPI)
 PLAN_VALUE(B_EPI_GELU)
 PLAN_VALUE(B_ROWS)
@@ -314,8 +309,6 @@ PLAN_VALUE(PRO_LN)
 PLAN_VALUE(PRO_EMBED)
 PLAN_VALUE(PRO_MASK)
 PLAN_VALUE(FL_F16)
-PLAN_VALUE(FL_Q8)
-PLAN_VALUE(FL_DTYPE_MASK)
 PLAN_VALUE(EPI_MASK)
 PLAN_VALUE(EPI_GELU)
 PLAN_VALUE(EPI_RESID)
@@ -365,8 +358,8 @@ PLAN_VALUE(ROWATTN_ROWS)
         .if CTX_END != CTX_FIRST + 8 || PL_POS != PL_TOKEN + 8 || CTX_SEQ != 0
         .error  "plan_abi.h: AArch64 stores first/end and token/pos with one stp, and parks on &ctx.seq = ctx"
         .endif
-        .if PRO_MASK + FL_DTYPE_MASK + EPI_MASK + FL_ROWS + FL_KV + CLAIM_SHIFT_MASK + FL_KV16 + FL_Q0 != 0xffff
-        .error  "plan_abi.h: the flags overlap or leave a gap"
+        .if PRO_MASK + FL_F16 + EPI_MASK + FL_ROWS + FL_KV + CLAIM_SHIFT_MASK + FL_KV16 + FL_Q0 != 0xfff7
+        .error  "plan_abi.h: the flags overlap or leave a gap (but bit 3, unused)"
         .endif
         .if RT_SIZE % 64 || RT_POS != RT_TOKEN + 8 || RT_V != RT_K + 8
         .error  "plan_abi.h: a row table entry is whole cache lines; token/pos and k/v are pairs (stp)"

@@ -3,8 +3,8 @@ python -m gpt2asm serve [options] — the OpenAI-compatible server (server.py; a
 word serve: python -m gpt2asm -- serve ...).
 
 Compatible with the seed tool gpt2.s: -n, -t, -s, -j, -h (fp16; help is --help), -i.
-Weight dtype: --dtype f32 (default) | f16 (= -h) | q8 (int8 weight matrices, one fp32 scale per output row)
-| q8_0 | q4_0 (llama.cpp's blocks of 32, integer dot products). --model FILE.gguf: a GPT-2 GGUF.
+Weight dtype: --dtype f32 (default) | f16 (= -h) | q8_0 | q4_0 (llama.cpp's blocks of 32, integer dot
+products). --model FILE.gguf: a GPT-2 GGUF.
 Exit status: 0 done, 2 a user error (one message on stderr, no traceback), 130 interrupted (Ctrl-C; the
 stats line is still printed).
 """
@@ -26,7 +26,7 @@ try:                                       # numpy turns one that lands inside i
     import argparse
     import time
 
-    from .args import sampling as check_sampling
+    from .args import not_retired, sampling as check_sampling
     from .cpu import FAMILIES
     from .errors import GPT2AsmError
     from .lib import ARCH
@@ -42,8 +42,16 @@ except ImportError as e:
     sys.stderr.write(f"gpt2asm: error: cannot import {e.name or 'a module'}: {(str(e).splitlines() or [''])[0]}\n")
     sys.exit(2)
 
-DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8": "q8",      # --dtype -> the stats line's name
-                "q8_0": "q8_0", "q4_0": "q4_0"}
+DTYPE_LABELS = {"f32": "fp32", "f16": "fp16", "q8_0": "q8_0", "q4_0": "q4_0"}   # --dtype -> the stats line's name
+
+
+def dtype_arg(s: str) -> str:
+    """--dtype's type: a retired dtype is refused with the message naming its successor (args.not_retired)."""
+    try:
+        not_retired(s)
+    except GPT2AsmError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return s
 
 
 def positive_int(lo: int, hi: int):
@@ -75,12 +83,12 @@ def parser() -> argparse.ArgumentParser:
                     help="threads sharing each matrix product (same output for every N; default 1)")
     ap.add_argument("-h", dest="fp16", action="store_true",
                     help="fp16 weight matrices (half the memory traffic; same as --dtype f16)")
-    ap.add_argument("--dtype", choices=DTYPE_LABELS, default=None,
-                    help="weight matrices: f32 (default; a GGUF's own type for a .gguf), f16 (as -h), q8 (int8 "
-                         "with one fp32 scale per output row: a quarter of f32's memory traffic; logits close to "
-                         "f32's, not the same), q8_0 or q4_0 (llama.cpp's blocks of 32 inputs with an fp16 scale)")
+    ap.add_argument("--dtype", type=dtype_arg, choices=DTYPE_LABELS, default=None,
+                    help="weight matrices: f32 (default; a GGUF's own type for a .gguf), f16 (as -h), q8_0 or "
+                         "q4_0 (llama.cpp's blocks of 32 inputs with an fp16 scale, integer dot products; "
+                         "logits close to f32's, not the same)")
     ap.add_argument("--kv", choices=("f32", "f16"), default=None,
-                    help="KV cache: f32 or f16 (default: f32 with f32 weights, f16 with f16 and q8 -- half the "
+                    help="KV cache: f32 or f16 (default: f32 with f32 weights, f16 with the others -- half the "
                          "bytes attention reads at long context)")
     ap.add_argument("-i", dest="ids", action="store_true",
                     help="print token ids: line 1 the prompt, line 2 the output")
@@ -104,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def weight_dtype(ap: argparse.ArgumentParser, args) -> str | None:
-    """-h and --dtype -> 'f32' | 'f16' | 'q8' | 'q8_0' | 'q4_0', or None (f32; a GGUF's own type) when
+    """-h and --dtype -> 'f32' | 'f16' | 'q8_0' | 'q4_0', or None (f32; a GGUF's own type) when
     neither is given (-h with another --dtype is a usage error)."""
     if args.fp16 and args.dtype not in (None, "f16"):
         ap.error(f"-h (fp16) contradicts --dtype {args.dtype}")
@@ -210,7 +218,7 @@ def _main(argv: list[str] | None) -> int:
     except MemoryError:
         status = 2
         _end_line(out, midline)
-        print("gpt2asm: error: out of memory (try -h for fp16 or --dtype q8 for int8 weights, "
+        print("gpt2asm: error: out of memory (try -h for fp16 or --dtype q8_0 for 8-bit weights, "
               "or a smaller model)", file=sys.stderr)
         stats.clear()
     finally:

@@ -6,6 +6,7 @@
                                   the sampling arguments, checked and normalised (seed None: random)
     integer(name, v, lo, hi)      an integer argument in lo..hi (max_new_tokens, threads, ...)
     number(name, v, lo, hi)       a finite real argument in [lo, hi] (or (lo, hi] with lo_open)
+    not_retired(dtype)            a weight dtype that is no more (RETIRED_DTYPES) is refused, naming its successor
 
 Each raises InvalidArgumentError naming the argument; nothing is called before all are checked.
 Arrays that reach assembly by address are checked by validate.py.
@@ -25,6 +26,17 @@ MAX_SEED = (1 << 64) - 1
 MAX_TOP_K = 1 << 20
 MIN_TEMPERATURE = 1e-4          # below this (0 included) sampling is greedy: see tiny_value_rule
 MIN_REPETITION_PENALTY = 1e-4   # below this a repetition penalty is refused
+# weight dtypes retired (docs/notes.md), and what to use instead: int8 weights with one fp32 scale per
+# output row, FMA'd in float -- less accurate and slower to prefill than llama.cpp's Q8_0 blocks
+RETIRED_DTYPES = {"q8": "q8_0", "int8": "q8_0"}
+_SUCCESSORS = {"q8_0": "llama.cpp's Q8_0 blocks, integer dot products, exact"}
+
+
+def not_retired(dtype) -> None:
+    """InvalidArgumentError naming the successor if dtype (any case) is a retired weight dtype."""
+    new = RETIRED_DTYPES.get(dtype.lower()) if isinstance(dtype, str) else None
+    if new is not None:
+        raise InvalidArgumentError(f"dtype {dtype!r} was retired: use {new!r} ({_SUCCESSORS[new]})")
 
 
 def integer(name: str, v, lo: int, hi: int | None = None) -> int:

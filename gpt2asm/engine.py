@@ -33,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from . import ggufload
-from .args import integer, token_ids
+from .args import integer, not_retired, token_ids
 from .errors import (CheckpointError, ContextOverflowError, InvalidArgumentError, KernelUnavailableError,
                      SessionBusyError, TokenizerError)
 from .files import find_model_dir, is_random_init
@@ -46,7 +46,7 @@ from .tilecache import load_weights_cached as load_weights   # warm start: tiles
 from .weights import MATRIX_DTYPES, Q0_DTYPES
 
 DTYPES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16",
-          "q8": "q8", "int8": "q8", "q8_0": "q8_0", "q4_0": "q4_0"}
+          "q8_0": "q8_0", "q4_0": "q4_0"}
 DTYPE_NAMES = tuple(MATRIX_DTYPES)             # the canonical names (Weights.dtype, GPT2.dtype)
 
 
@@ -114,7 +114,7 @@ def _check_kernels_for(dtype: str, kernels) -> None:
         raise KernelUnavailableError(
             f"dtype {dtype!r} needs the integer kernels gpt2asm_quantize_q8_0 / gpt2asm_matvec_{dtype} / "
             f"gpt2asm_matmul_{dtype} and their plan jobs (docs/kernels.md), which this build does not have "
-            f"yet for the kernel family {kernels.family!r}; run dtype 'f32', 'f16' or 'q8' (the weights "
+            f"yet for the kernel family {kernels.family!r}; run dtype 'f32' or 'f16' (the weights "
             f"themselves load: gpt2asm.tilecache.load_weights_cached(path, {dtype!r}))")
 
 
@@ -143,13 +143,13 @@ class GPT2:
         A .gguf file (llama.cpp's GPT-2 GGUF: F32/F16/Q8_0/Q4_0 tensors) is read with its tokenizer from
         its metadata (gpt2asm.ggufload).
 
-        dtype 'f32', 'f16' (weight matrices stored as fp16), 'q8' (int8 weight matrices, one fp32 scale
-        per output row: a quarter of the memory traffic, logits close to but not the bits of f32), 'q8_0'
-        or 'q4_0' (llama.cpp's blocks of 32 with integer dot products; KernelUnavailableError on a kernel
-        family whose plan executor does not run them); None = f32, or a GGUF's own type; isa a
+        dtype 'f32', 'f16' (weight matrices stored as fp16), 'q8_0' or 'q4_0' (llama.cpp's blocks of 32
+        with integer dot products; KernelUnavailableError on a kernel family whose plan executor does not
+        run them; the old int8 dtype is retired: InvalidArgumentError naming q8_0); None = f32, or a GGUF's own type; isa a
         kernel family name or index (None = best available, or $GPT2ASM_ISA); threads share each matrix
         product (same output); kv the KV cache's dtype, 'f32' or 'f16' (None: f32 with f32 weights, f16
-        with f16 and q8 -- half the bytes attention reads; logits close to an f32 cache's, not the same)."""
+        with the others -- half the bytes attention reads; logits close to an f32 cache's, not the same)."""
+        not_retired(dtype)
         if dtype is not None and (not isinstance(dtype, str) or dtype.lower() not in DTYPES):
             raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
         dtype = DTYPES[dtype.lower()] if dtype is not None else None
@@ -164,10 +164,6 @@ class GPT2:
                 dtype = weights.dtype
             dtype = dtype or "f32"
             _check_kernels_for(dtype, kernels)
-            if dtype == "q8" and not getattr(kernels, "has_q8", True):
-                raise InvalidArgumentError(
-                    f"dtype 'q8' needs int8 kernels, which the kernel family {kernels.family!r} does not have; "
-                    f"use dtype 'f32' or 'f16', or another kernel family")
             if gguf_file is not None:
                 model = Transformer(weights, kernels, kv)
                 model.start_resident()

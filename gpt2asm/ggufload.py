@@ -29,7 +29,7 @@ Q4_0 -> q4_0) decides the engine's arrays, and each tensor is used as follows:
     GGUF Q8_0 of a checkpoint gives exactly the ints and scales --dtype q8_0 of that checkpoint gives;
   - any other tensor is first dequantized to float32 as ggml does (F16 / BF16 widened exactly; Q8_0 / Q4_0
     e = float32(q) * float32(d); Q6_K by gguf.quants) and then converted like a checkpoint's float32 tensor
-    (f16: rounded to nearest even, beyond float16's range an error; q8 / q8_0 / q4_0: quantized).
+    (f16: rounded to nearest even, beyond float16's range an error; q8_0 / q4_0: quantized).
   - q8_0 / q4_0 runs: the head is q8_0 (quant0.HEAD_KIND): output.weight's (else token_embd's) Q8_0 blocks
     as stored, anything else quantized to q8_0; the lookup rows (wte) are token_embd dequantized when it is
     Q8_0 / Q4_0, else token_embd quantized to q8_0 and dequantized (as from a checkpoint).
@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from . import quant0
+from .args import not_retired
 from .config import GPT2Config
 from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, TokenizerError
 from .safefs import expand_user
@@ -289,26 +290,20 @@ class GGUFModel:
             raise CheckpointError(f"{self.path}: {e}") from None
 
     def matrix(self, name: str, dtype: str):
-        """-> (tiled matrix, q8 scales or None) for a [out][in] tensor."""
+        """-> the tiled matrix of a [out][in] tensor."""
         if dtype in Q0_DTYPES:
-            return quant0.tile(*self._q0(name, dtype), dtype), None
-        if dtype == "q8":
-            from .quant import quantize_q8
-            return quantize_q8(self.float32(name).T)
+            return quant0.tile(*self._q0(name, dtype), dtype)
         if dtype == "f16":
-            return tile_matrix(self._f16(name).T, np.float16), None
-        return tile_matrix(self.float32(name).T, np.float32), None
+            return tile_matrix(self._f16(name).T, np.float16)
+        return tile_matrix(self.float32(name).T, np.float32)
 
     def head(self, name: str, dtype: str):
-        """-> (tiled head, q8 scales or None) from token_embd / output [V][C]."""
+        """-> the tiled head from token_embd / output [V][C]."""
         if dtype in Q0_DTYPES:
-            return quant0.tile(*self._q0(name, quant0.HEAD_KIND), quant0.HEAD_KIND), None
-        if dtype == "q8":
-            from .quant import quantize_q8_head
-            return quantize_q8_head(self.float32(name))
+            return quant0.tile(*self._q0(name, quant0.HEAD_KIND), quant0.HEAD_KIND)
         if dtype == "f16":
-            return tile_head(self._f16(name), np.float16), None
-        return tile_head(self.float32(name), np.float32), None
+            return tile_head(self._f16(name), np.float16)
+        return tile_head(self.float32(name), np.float32)
 
     def lookup(self, dtype: str) -> np.ndarray:
         """wte: float32 [V][C], 64-byte aligned."""
@@ -334,6 +329,7 @@ class GGUFModel:
     def weights(self, dtype: str | None = None) -> Weights:
         if dtype is None:
             dtype = self.file_dtype()
+        not_retired(dtype)
         if not isinstance(dtype, str) or dtype not in MATRIX_DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
         cfg = self.config
@@ -341,19 +337,17 @@ class GGUFModel:
         for i in range(cfg.n_layer):
             kw = {f: self.vector(n) for f, (n, _) in _vector_names(i).items()}
             for f, (n, _) in _matrix_names(i).items():
-                kw[f], s = self.matrix(n, dtype)
-                if s is not None:
-                    kw[f[:-2] + "_s"] = s
+                kw[f] = self.matrix(n, dtype)
             layers.append(Layer(**kw))
         tied = self.tied()
-        head_w, head_s = self.head("token_embd.weight" if tied else "output.weight", dtype)
+        head_w = self.head("token_embd.weight" if tied else "output.weight", dtype)
         return Weights(
             config=cfg, dtype=dtype, wte=self.lookup(dtype),
             wpe=_aligned_copy(self.float32("position_embd.weight")),
             ln_f_g=self.vector("output_norm.weight"), ln_f_b=self.vector("output_norm.bias"),
             head_w=head_w, head_b=None, n_vocab_padded=-(-cfg.vocab_size // TILE) * TILE,
             layers=layers, tied_head=tied, wte_is_mapped=False, path=self.path,
-            source_dtype="+".join(sorted({self.types[n] for n in self.used})), head_s=head_s)
+            source_dtype="+".join(sorted({self.types[n] for n in self.used})))
 
     # -- the tokenizer -----------------------------------------------------------------------------
 
@@ -436,7 +430,7 @@ def _cache_layout(dtype: str):
         def refuse(*a, **k):
             raise InvalidArgumentError(f"{name} is the GGUF cache's layout, not a dtype")
         tc.register_layout(tc.Layout(name, 1, refuse, _stored, refuse, refuse,
-                                     ("gpt2asm.weights", "gpt2asm.quant", "gpt2asm.quant0", "gpt2asm.ggufload"),
+                                     ("gpt2asm.weights", "gpt2asm.quant0", "gpt2asm.ggufload"),
                                      _CACHE_EXTRA))
     return tc.LAYOUTS[name]
 
@@ -464,7 +458,7 @@ def _stored(b: _Bundle) -> dict:
             v = getattr(L, f.name)
             if isinstance(v, np.ndarray):
                 out[f"h.{i}.{f.name}"] = v
-    for f in ("wte", "wpe", "ln_f_g", "ln_f_b", "head_w", "head_s"):
+    for f in ("wte", "wpe", "ln_f_g", "ln_f_b", "head_w"):
         v = getattr(w, f)
         if isinstance(v, np.ndarray):
             out[f] = v
@@ -489,8 +483,6 @@ def _expected_arrays(cfg: GPT2Config, dtype: str) -> dict:
             out[name] = (np.dtype(np.uint8), quant0.tiled_shape(n_out, n_in, kind))
         else:
             out[name] = (np.dtype(MATRIX_DTYPES[kind]), (-(-n_out // TILE), n_in, TILE))
-            if kind == "q8":
-                out[name[:-2] + "_s"] = (f32, (-(-n_out // TILE) * TILE,))
     for i in range(cfg.n_layer):
         p = f"h.{i}."
         for f, (_, (o, k)) in _matrix_names(i).items():
@@ -545,7 +537,7 @@ def _assemble(arrays: dict, path: Path, dtype: str):
     w = Weights(config=cfg, dtype=dtype, wte=arrays["wte"], wpe=arrays["wpe"], ln_f_g=arrays["ln_f_g"],
                 ln_f_b=arrays["ln_f_b"], head_w=arrays["head_w"], head_b=None,
                 n_vocab_padded=-(-cfg.vocab_size // TILE) * TILE, layers=layers, tied_head=bool(c[5]),
-                wte_is_mapped=False, path=path, source_dtype=source, head_s=arrays.get("head_s"))
+                wte_is_mapped=False, path=path, source_dtype=source)
     return w, tok, own
 
 
@@ -592,6 +584,8 @@ def load_gguf(path, dtype: str | None = None, cache_dir=None):
     from . import tilecache as tc
     t0 = time.perf_counter()
     p = expand_user(path, "GGUF file")
+    if dtype is not None:
+        not_retired(dtype)
     if dtype is not None and (not isinstance(dtype, str) or dtype not in MATRIX_DTYPES):
         raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
     root = tc.cache_root(cache_dir)

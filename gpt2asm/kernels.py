@@ -47,16 +47,11 @@ KERNELS = {
     # void gpt2asm_matvec_f16_<isa>(const uint16_t *w, const float *x, const float *b, float *y,
     #                               size_t n_in, size_t tile_begin, size_t tile_end);
     "matvec_f16": ([P, P, P, P, N, N, N], None),
-    # void gpt2asm_matvec_q8_<isa>(const int8_t *w, const float *scale, const float *x, const float *b,
-    #                              float *y, size_t n_in, size_t tile_begin, size_t tile_end);
-    "matvec_q8": ([P, P, P, P, P, N, N, N], None),
     # void gpt2asm_matmul_f32_<isa>(const float *w, const float *x, size_t ldx, const float *b, float *y,
     #                               size_t ldy, size_t n_tokens, size_t n_in, size_t tile_begin, size_t tile_end);
     "matmul_f32": ([P, P, N, P, P, N, N, N, N, N], None),
     # void gpt2asm_matmul_f16_<isa>(const uint16_t *w, <the same>);
     "matmul_f16": ([P, P, N, P, P, N, N, N, N, N], None),
-    # void gpt2asm_matmul_q8_<isa>(const int8_t *w, const float *scale, <the same>);
-    "matmul_q8": ([P, P, P, N, P, P, N, N, N, N, N], None),
     # void gpt2asm_layernorm_f32_<isa>(const float *x, const float *g, const float *b, float *y, size_t n);
     "layernorm_f32": ([P, P, P, P, N], None),
     # void gpt2asm_gelu_f32_<isa>(const float *x, float *y, size_t n);
@@ -77,9 +72,9 @@ KERNELS = {
     # size_t gpt2asm_argmax_f32_<isa>(const float *x, size_t n);   (SIZE_MAX: a NaN or +-inf in x)
     "argmax_f32": ([P, N], c_size_t),
 }
-# Optional kernels: a family without them binds None (has_q8 False: int8 weights are refused;
-# has_matmul False, all three or none: prompts are prefilled by cached steps).
-OPTIONAL = {"matvec_q8", "matmul_f32", "matmul_f16", "matmul_q8"}
+# Optional kernels: a family without them binds None (has_matmul False, both or none: prompts are
+# prefilled by cached steps).
+OPTIONAL = {"matmul_f32", "matmul_f16"}
 # The families whose plan executor runs the batched decode kinds (BATTN, ROWARGMAX, ROWLN with EMBED:
 # docs/kernels.md "Batched decode"); has_batch, with the plan and the matmul kernels.  (Until a family's
 # executor has them its jump table sends them to the guard entry: step_batch steps its rows one by one.)
@@ -151,8 +146,7 @@ class Kernels(CheckedOps):
                 if restype is not None:
                     fn.restype = restype
             setattr(self, op, fn)
-        self.has_q8 = self.matvec_q8 is not None
-        self.has_matmul = all(getattr(self, f"matmul_{d}") is not None for d in ("f32", "f16", "q8"))
+        self.has_matmul = all(getattr(self, f"matmul_{d}") is not None for d in ("f32", "f16"))
         self.has_plan = hasattr(self.lib, f"gpt2asm_plan_run_{self.family}")
         self.has_batch = self.has_plan and self.has_matmul and self.family in BATCH_FAMILIES
         for op, (argtypes, restype) in EXECUTOR.items():
@@ -302,40 +296,25 @@ class Kernels(CheckedOps):
         else:
             self.pool.run(fn, args)
 
-    def _kernel(self, op: str, w: np.ndarray, scale: int | None):
-        """gpt2asm_<op>_<dtype> for w's dtype (op 'matvec' or 'matmul'): int8 weights need their scales
-        (an address: the per-call paths pass prevalidated arrays), other weights take none."""
-        if w.dtype == np.int8:
-            if not self.has_q8:
-                raise KernelUnavailableError(f"the {self.family} family has no int8 kernels in this library")
-            if scale is None:
-                raise InvalidArgumentError("int8 weights need their scales")
-            return getattr(self, op + "_q8")
-        if scale is not None:
-            raise InvalidArgumentError(f"a scale goes only with int8 weights, not {w.dtype}")
+    def _kernel(self, op: str, w: np.ndarray):
+        """gpt2asm_<op>_<dtype> for w's dtype (op 'matvec' or 'matmul')."""
         return getattr(self, op + ("_f16" if w.dtype == np.float16 else "_f32"))
 
-    def matvec_job(self, w: np.ndarray, x: int, b: int | None, y: int, n_in: int, n_tiles: int,
-                   scale: int | None = None):
-        """(fn, per-thread args) for y = W x + b (int8 w: y = (Q x) * scale + b), tiles split across the
-        threads.  Addresses are prevalidated; scale is required iff w is int8."""
-        fn = self._kernel("matvec", w, scale)
-        ranges = split(n_tiles, self.threads if self.pool else 1)
-        if scale is not None:
-            return fn, [(addr(w), scale, x, b, y, n_in, t0, t1) for t0, t1 in ranges]
-        return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in ranges]
+    def matvec_job(self, w: np.ndarray, x: int, b: int | None, y: int, n_in: int, n_tiles: int):
+        """(fn, per-thread args) for y = W x + b, tiles split across the threads.  Addresses are
+        prevalidated."""
+        fn = self._kernel("matvec", w)
+        return fn, [(addr(w), x, b, y, n_in, t0, t1) for t0, t1 in split(n_tiles, self.threads if self.pool else 1)]
 
     def matmul_job(self, w: np.ndarray, x: int, ldx: int, b: int | None, y: int, ldy: int, n_tok: int,
-                   n_in: int, n_tiles: int, scale: int | None = None):
-        """(fn, per-thread args) for Y[t] = W X[t] + b, t < n_tok (rows ldx / ldy floats apart; int8 w:
-        with its scales), the tiles split across the threads.  Addresses are prevalidated."""
+                   n_in: int, n_tiles: int):
+        """(fn, per-thread args) for Y[t] = W X[t] + b, t < n_tok (rows ldx / ldy floats apart), the tiles
+        split across the threads.  Addresses are prevalidated."""
         if not self.has_matmul:
             raise KernelUnavailableError(f"the {self.family} family has no batched (matmul) kernels")
-        fn = self._kernel("matmul", w, scale)
-        ranges = split(n_tiles, self.threads if self.pool else 1)
-        if scale is not None:
-            return fn, [(addr(w), scale, x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
-        return fn, [(addr(w), x, ldx, b, y, ldy, n_tok, n_in, t0, t1) for t0, t1 in ranges]
+        fn = self._kernel("matmul", w)
+        return fn, [(addr(w), x, ldx, b, y, ldy, n_tok, n_in, t0, t1)
+                    for t0, t1 in split(n_tiles, self.threads if self.pool else 1)]
 
     def attention_job(self, q: int, k: int, v: int, out: int, scratch: list[int], n_pos: int,
                       head_stride: int, n_head: int, f16: bool = False):

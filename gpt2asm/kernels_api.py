@@ -14,27 +14,24 @@ from .validate import HEAD_DIM, SIZE_MAX, TILE, addr, check, check_attention, ch
 class CheckedOps:
     """Kernels' .matvec .matmul .attention .layernorm .gelu .expf .softmax .argmax; see Kernels."""
 
-    def matvec(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None,
-               scale: np.ndarray | None = None) -> np.ndarray:
-        """y[64*n_tiles] = W x + b for a tiled w [n_tiles][n_in][64] (float32 or float16), or
-        y = (Q x) * scale + b for int8 w with its scales (float32 [64*n_tiles], required iff int8)."""
-        n_tiles, n_in, _ = check_matrix(w, "w", scale)
+    def matvec(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        """y[64*n_tiles] = W x + b for a tiled w [n_tiles][n_in][64] (float32 or float16)."""
+        n_tiles, n_in, _ = check_matrix(w, "w")
         px = check(x, "x", np.float32, n_in)
         pb = None if b is None else check(b, "b", np.float32, n_tiles * TILE)
         y = np.empty(n_tiles * TILE, np.float32)
         if self.has_plan:
             p = Plan(self)
-            p.matvec(w, x, b, y, scale=scale)
+            p.matvec(w, x, b, y)
             p.build().run()
         else:
-            self.run(*self.matvec_job(w, px, pb, addr(y), n_in, n_tiles, None if scale is None else addr(scale)))
+            self.run(*self.matvec_job(w, px, pb, addr(y), n_in, n_tiles))
         return y
 
-    def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None,
-               scale: np.ndarray | None = None) -> np.ndarray:
-        """Y[t] = W X[t] + b for every row of x [T][n_in] (int8 w: with its scales): Y [T][64*n_tiles],
-        each row the bits of matvec(w, x[t], b, scale) (the batched-prefill kernels)."""
-        n_tiles, n_in, _ = check_matrix(w, "w", scale)
+    def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        """Y[t] = W X[t] + b for every row of x [T][n_in]: Y [T][64*n_tiles], each row the bits of
+        matvec(w, x[t], b) (the batched-prefill kernels)."""
+        n_tiles, n_in, _ = check_matrix(w, "w")
         if not (isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[0] >= 1 and x.shape[1] == n_in):
             raise InvalidArgumentError(f"x: expected rows [T][{n_in}]")
         if b is not None:
@@ -45,10 +42,10 @@ class CheckedOps:
         if not self.has_plan:                   # per-call path (Arm): the tile ranges split over run()
             px = check(x, "x", np.float32)
             self.run(*self.matmul_job(w, px, n_in, None if b is None else addr(b), addr(y), n_tiles * TILE,
-                                      x.shape[0], n_in, n_tiles, None if scale is None else addr(scale)))
+                                      x.shape[0], n_in, n_tiles))
             return y
         p = Plan(self)
-        p.matmul(w, x, b, y, scale=scale)
+        p.matmul(w, x, b, y)
         p.build().set_rows(x.shape[0], 0)
         p.run()
         return y

@@ -13,8 +13,7 @@ pointer and size checked here and in plan.Plan) holds, per layer,
 and then LayerNorm f + the LM head.  Every output is computed by one thread with the kernels' own
 operation sequence (docs/kernels.md), so the logits are the same bits on every kernel family and thread
 count; the embedding and residual adds are single binary32 additions, like numpy's.  The matrices are
-float32, float16 or int8 (dtype 'q8': Layer.attn_s, .attn_proj_s, .fc_s, .proj_s and Weights.head_s
-hold the per-output scales).
+float32, float16 or q8_0 / q4_0 block records.
 
 A prompt is prefilled layer by layer (prefill): a second plan runs each layer over up to PREFILL_ROWS
 tokens at once -- LayerNorm rows, the batched matmul kernels (every (token, output) the matvec's
@@ -54,15 +53,10 @@ PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers
 BATCH_ROWS = 64                 # sequences per batched decode run: bounds its row buffers (~14 MB for 124M)
 
 
-def scale(obj, name: str) -> np.ndarray | None:
-    """The int8 scales of matrix `name` of a Layer or Weights (attn -> attn_s), None unless q8."""
-    return getattr(obj, name + "_s", None)
-
-
 class Transformer:
     def __init__(self, weights: Weights, kernels: Kernels, kv: str | None = None):
         """kv: the KV cache's dtype, 'f32' or 'f16'; None: float32 for float32 weights (PyTorch's numbers),
-        binary16 for the f16 and q8 dtypes (half the bytes attention streams; each row rounded once, when
+        binary16 for the other dtypes (half the bytes attention streams; each row rounded once, when
         written, to nearest even)."""
         self.w, self.k, self.cfg = weights, kernels, weights.config
         if kv is None:
@@ -98,26 +92,18 @@ class Transformer:
             raise InvalidArgumentError(f"n_embd {C} must be n_head * {HEAD_DIM}")
         if w.dtype not in MATRIX_DTYPES:
             raise InvalidArgumentError(f"weights dtype {w.dtype!r}: expected one of {', '.join(MATRIX_DTYPES)}")
-        if w.dtype == "q8" and not self.k.has_q8:
-            raise KernelUnavailableError(f"the {self.k.family} kernel family has no int8 (q8) kernels")
         if w.dtype in Q0_DTYPES and not getattr(self.k, f"has_{w.dtype}", False):
             raise KernelUnavailableError(f"the {self.k.family} kernel family runs no {w.dtype} plan jobs")
-        for name, a, s, n_in, n_out in self._matrices():
+        for name, a, n_in, n_out in self._matrices():
             if w.dtype in Q0_DTYPES:            # records [n_tiles][n_in/32][RECORD]; the head always q8_0
                 kind = HEAD_KIND if name == "head_w" else w.dtype
                 check(a, name, np.uint8, aligned=True)
                 if a.shape != (-(-n_out // 64), n_in // 32, Q0_RECORD[kind]) or n_in % 32:
                     raise InvalidArgumentError(f"{name}: {kind} records {a.shape} do not fit {n_in}x{n_out}")
-                if s is not None:
-                    raise InvalidArgumentError(f"{name[:-2]}_s: scales go only with q8 weights")
                 continue
             check(a, name, MATRIX_DTYPES[w.dtype], aligned=True)
             if a.shape != (-(-n_out // 64), n_in, 64):
                 raise InvalidArgumentError(f"{name}: tiled shape {a.shape} does not fit {n_in}x{n_out}")
-            if w.dtype == "q8":
-                check(s, name[:-2] + "_s", np.float32, a.shape[0] * 64)
-            elif s is not None:
-                raise InvalidArgumentError(f"{name[:-2]}_s: scales go only with q8 weights")
         for i, L in enumerate(w.layers):
             for name in ("ln1_g", "ln1_b", "ln2_g", "ln2_b"):
                 check(getattr(L, name), f"h.{i}.{name}", np.float32, C)
@@ -131,12 +117,12 @@ class Transformer:
             check(w.head_b, "head_b", np.float32, -(-self.cfg.vocab_size // 64) * 64)
 
     def _matrices(self):
-        """(name, tiled matrix, its int8 scales or None, n_in, n_out) for every weight matrix."""
+        """(name, tiled matrix, n_in, n_out) for every weight matrix."""
         C = self.cfg.n_embd
         for i, L in enumerate(self.w.layers):
             for m, n_in, n_out in (("attn", C, 3 * C), ("attn_proj", C, C), ("fc", C, 4 * C), ("proj", 4 * C, C)):
-                yield f"h.{i}.{m}_w", getattr(L, m + "_w"), scale(L, m), n_in, n_out
-        yield "head_w", self.w.head_w, scale(self.w, "head"), C, self.cfg.vocab_size
+                yield f"h.{i}.{m}_w", getattr(L, m + "_w"), n_in, n_out
+        yield "head_w", self.w.head_w, C, self.cfg.vocab_size
 
     def new_state(self) -> State:
         return State(self.cfg, self.k.threads, KV_DTYPES[self.kv])
@@ -155,12 +141,12 @@ class Transformer:
         for i, L in enumerate(w.layers):
             with p.span("layer"):
                 p.qkv_attention(L.attn_w, L.attn_b, s.qkv, s.k[i], s.v[i], s.att, ln=(s.x, L.ln1_g, L.ln1_b),
-                                embed=embed and i == 0, scale=scale(L, "attn"))
-                p.matvec(L.attn_proj_w, s.att, L.attn_proj_b, s.proj, resid=s.x, scale=scale(L, "attn_proj"))
-                p.matvec(L.fc_w, None, L.fc_b, s.fc, ln=(s.x, L.ln2_g, L.ln2_b), gelu=True, scale=scale(L, "fc"))
-                p.matvec(L.proj_w, s.fc, L.proj_b, s.proj, resid=s.x, scale=scale(L, "proj"))
+                                embed=embed and i == 0)
+                p.matvec(L.attn_proj_w, s.att, L.attn_proj_b, s.proj, resid=s.x)
+                p.matvec(L.fc_w, None, L.fc_b, s.fc, ln=(s.x, L.ln2_g, L.ln2_b), gelu=True)
+                p.matvec(L.proj_w, s.fc, L.proj_b, s.proj, resid=s.x)
         with p.span("head"):
-            p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b), scale=scale(w, "head"),
+            p.matvec(w.head_w, None, w.head_b, s.logits, ln=(s.x, w.ln_f_g, w.ln_f_b),
                      argmax=V)                     # + the first maximum of the logits, while in cache
         return p.build()
 
@@ -176,12 +162,12 @@ class Transformer:
             with p.span("layer"):
                 with p.span("kv"):
                     p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h)                  # h = ln_1(x)      [T][C]
-                    p.matmul(L.attn_w, r.h, L.attn_b, r.q, kv=(k, v), scale=scale(L, "attn"))  # q; k, v -> cache
+                    p.matmul(L.attn_w, r.h, L.attn_b, r.q, kv=(k, v))  # q; k, v -> cache
                 p.rows_attention(r.q, k, v, r.att)                                # att, causal     [T][C]
-                p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x, scale=scale(L, "attn_proj"))
+                p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x)
                 p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                      # h = ln_2(x)
-                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True, scale=scale(L, "fc"))  # fc = gelu(h W) [T][4C]
-                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x, scale=scale(L, "proj"))  # x += fc W
+                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True)  # fc = gelu(h W) [T][4C]
+                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x)  # x += fc W
         return p.build()
 
     def _build_prefill_plan_q0(self, s: State, r, p: Plan) -> Plan:
@@ -221,15 +207,15 @@ class Transformer:
         for i, L in enumerate(w.layers):
             with p.span("layer"):
                 p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h, embed=i == 0)       # (x = wte + wpe,) h = ln_1(x)
-                p.matmul(L.attn_w, r.h, L.attn_b, r.qkv, scale=scale(L, "attn"))  # q | k | v       [B][3C]
+                p.matmul(L.attn_w, r.h, L.attn_b, r.qkv)  # q | k | v       [B][3C]
                 p.batch_attention(r.qkv, r.att, i)                                # k, v -> caches; att
-                p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x, scale=scale(L, "attn_proj"))
+                p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x)
                 p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                      # h = ln_2(x)
-                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True, scale=scale(L, "fc"))  # fc = gelu(h W) [B][4C]
-                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x, scale=scale(L, "proj"))  # x += fc W
+                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True)  # fc = gelu(h W) [B][4C]
+                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x)  # x += fc W
         with p.span("head"):
             p.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                        # h = ln_f(x)
-            p.matmul(w.head_w, r.h, w.head_b, r.logits, scale=scale(w, "head"))   # logits [B][V padded]
+            p.matmul(w.head_w, r.h, w.head_b, r.logits)   # logits [B][V padded]
             p.rows_argmax(r.logits, V)                                            # + their first maximum
         return p.build()
 
@@ -425,7 +411,7 @@ class Transformer:
             head.matmul(w.head_w, xq, w.head_b, logits, xd=xd)               # logits = h W_head
         else:
             head.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                # h = ln_f(x)
-            head.matmul(w.head_w, r.h, w.head_b, logits, scale=scale(w, "head"))  # logits = h W_head
+            head.matmul(w.head_w, r.h, w.head_b, logits)  # logits = h W_head
         head = head.build()
         out = np.empty((T, V), np.float32)
 

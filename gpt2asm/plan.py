@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 from . import plan_abi as _abi                                                      # noqa: E402
 # (the flags and kinds of the row jobs too: the encoder's names, as tests/test_plan_abi.py reads them)
 from .plan_abi import (CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SPIN, CTX_YIELD,  # noqa: E402,F401
-                       EPI_ARGMAX, EPI_GELU, EPI_RESID, FL_F16, FL_KV, FL_KV16, FL_Q0, FL_Q8, FL_ROWS, KIND_ATTN,
+                       EPI_ARGMAX, EPI_GELU, EPI_RESID, FL_F16, FL_KV, FL_KV16, FL_Q0, FL_ROWS, KIND_ATTN,
                        KIND_BATTN, KIND_MATMUL, KIND_MATVEC, KIND_QKV, KIND_ROWARGMAX, KIND_ROWATTN, KIND_ROWLN,
                        KIND_ROWQUANT, PRO_EMBED, PRO_LN, ROWATTN_ROWS)
 POOL_BYTES = _abi.POOL_SIZE
@@ -43,7 +43,7 @@ ARGMAX_CHUNK = 16             # tiles per claim of an ARGMAX job: its outputs ar
 _J = _abi.JOB_U64             # u64 slots of a job record (byte offset / 8), by field
 _H = _abi.HEADER_U64          # u64 slots of the plan header
 # weight dtypes of the tiled matrices -> the job's dtype flag
-_WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16, np.dtype(np.int8): FL_Q8}
+_WDTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): FL_F16}
 
 
 def _claims(n_items: int, threads: int, family: str) -> tuple[int, int]:
@@ -157,36 +157,30 @@ class Plan(RowJobs):
         self._limit_pos(wpe.shape[0])
         self.keep += [wte, wpe]
 
-    def _weights(self, w, scale, n_tiles: int | None = None, op: str = "matvec") -> tuple[int, int, int, dict]:
-        """A job's tiled weights (and int8 scales): (n_tiles, n_in, dtype flag, record fields).  q8_0 /
+    def _weights(self, w, n_tiles: int | None = None, op: str = "matvec") -> tuple[int, int, int, dict]:
+        """A job's tiled weights: (n_tiles, n_in, dtype flag, record fields).  q8_0 /
         q4_0 records (uint8 [n_tiles][n_in/32][RECORD]): FL_Q0, and the addresses of the quantizer and of
         the variant's `op` kernel ("matvec" or "matmul") for them, from Kernels.q0_fns -- never the caller's."""
         if isinstance(w, np.ndarray) and w.dtype == np.uint8:
             n_tiles, n_in, kind = check_q0_matrix(w, "w", n_tiles)
-            if scale is not None:
-                raise InvalidArgumentError("w: a scale goes only with int8 (q8) weights, not q8_0 / q4_0 records")
             fns = getattr(self.k, "q0_fns", None)
             if not fns:
                 raise KernelUnavailableError(f"the {self.k.family} family runs no q8_0 / q4_0 plan jobs in "
                                              f"this library")
-            return n_tiles, n_in, FL_Q0, dict(w=self._ptr(w), scale=0, n_in=n_in, qfn=fns["quantize"],
+            return n_tiles, n_in, FL_Q0, dict(w=self._ptr(w), n_in=n_in, qfn=fns["quantize"],
                                               fn=fns[f"{op}_{kind}"],
                                               tile_bytes=n_in // Q0_QK * Q0_RECORD[kind])
-        n_tiles, n_in, dtype = check_matrix(w, "w", scale, n_tiles)
-        flag = _WDTYPES[dtype]
-        if flag == FL_Q8 and not self.k.has_q8:
-            raise KernelUnavailableError(f"the {self.k.family} family has no int8 kernels in this library")
-        return n_tiles, n_in, flag, dict(w=self._ptr(w), scale=0 if scale is None else self._ptr(scale),
-                                         n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
+        n_tiles, n_in, dtype = check_matrix(w, "w", n_tiles)
+        return n_tiles, n_in, _WDTYPES[dtype], dict(w=self._ptr(w), n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
 
     def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,
-               scale: np.ndarray | None = None, ln=None, embed: bool = False, gelu: bool = False,
+               ln=None, embed: bool = False, gelu: bool = False,
                resid: np.ndarray | None = None, argmax: int | None = None, chunk: int | None = None) -> int:
-        """y = W in + b over the tiles of w (float32, float16, or int8 with its scales: required iff int8),
+        """y = W in + b over the tiles of w (float32, float16, or q8_0 / q4_0 records),
         in = x or LayerNorm(ln = (source, gain, bias)) (after the embedding add if embed); then y = gelu(y),
         or resid += y (the residual add), or (argmax = n, one job per plan) the first maximum of y[0..n)
         for first_max() (claims of ARGMAX_CHUNK tiles, scanned while in cache).  Returns the job index."""
-        n_tiles, n_in, wflag, wf = self._weights(w, scale)
+        n_tiles, n_in, wflag, wf = self._weights(w)
         flags, f = self._prologue(ln, embed, n_in, x)
         check(y, "y", np.float32, n_tiles * TILE, writable=True)
         if b is not None:
@@ -222,14 +216,14 @@ class Plan(RowJobs):
         return job
 
     def qkv_attention(self, w: np.ndarray, b: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                      out: np.ndarray, *, ln, embed: bool = False, scale: np.ndarray | None = None) -> int:
+                      out: np.ndarray, *, ln, embed: bool = False) -> int:
         """One transformer block's attention half for the token at the header's position pos: per head h
-        (the work items), tiles h, H+h, 2H+h of the c_attn matvec (scale: its int8 scales) on
+        (the work items), tiles h, H+h, 2H+h of the c_attn matvec on
         LayerNorm(ln) give q_h (into q), k_h and v_h (straight into the caches k, v [H][n_ctx][64] at
         pos); then the attention of head h over positions 0..pos into out."""
         H, n_ctx = check_cache(k, v, writable=True)
         kvflag = self._kv16(k, 1)
-        _, n_in, wflag, wf = self._weights(w, scale, 3 * H)
+        _, n_in, wflag, wf = self._weights(w, 3 * H)
         check(b, "b", np.float32, 3 * H * TILE)
         check(q, "q", np.float32, 3 * H * TILE, writable=True)
         check(out, "out", np.float32, H * HEAD_DIM, writable=True)

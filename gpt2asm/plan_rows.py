@@ -33,7 +33,7 @@ class RowJobs:
         return ld
 
     def matmul(self, w: np.ndarray, x: np.ndarray, b: np.ndarray | None, y: np.ndarray, *,
-               scale: np.ndarray | None = None, gelu: bool = False, resid: np.ndarray | None = None,
+               gelu: bool = False, resid: np.ndarray | None = None,
                kv: tuple | None = None, chunk: int | None = None, xd: np.ndarray | None = None) -> int:
         """Y[t] = W X[t] + b for the rows t < n_tok of a run (tiles are the items), x [R][>= n_in],
         y [R][>= 64 n_tiles]; then Y[t] = gelu(Y[t]), or resid[t] += Y[t] (resid [R][>= 64 n_tiles]).
@@ -43,7 +43,7 @@ class RowJobs:
         [R][>= n_in/32] (written by rows_quantize; required with such w, refused otherwise)."""
         if not self.k.has_matmul:
             raise KernelUnavailableError(f"the {self.k.family} family has no matmul kernels in this library")
-        n_tiles, n_in, wflag, f = self._weights(w, scale, op="matmul")
+        n_tiles, n_in, wflag, f = self._weights(w, op="matmul")
         q0 = wflag == FL_Q0
         if q0 != (xd is not None):
             raise InvalidArgumentError("xd: the scales of the quantized rows go with (only) q8_0 / q4_0 weights")

@@ -40,7 +40,6 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .quant import float_matrix
 from .weights import aligned_empty
 
 QK = 32                                   # inputs per block
@@ -54,6 +53,18 @@ _ROWS = 256                               # rows quantized per step (a multiple 
 
 __all__ = ["QK", "TILE", "KINDS", "RECORD", "BLOCK_BYTES", "HEAD_KIND", "quantize", "quantize_tiled", "tile",
            "untile", "dequantize", "from_ggml", "to_ggml", "n_tiles", "tiled_shape", "head_kind"]
+
+
+def float_matrix(w, what: str) -> np.ndarray:
+    """w as a non-empty 2-D floating-point array, or InvalidArgumentError naming `what`."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise InvalidArgumentError(f"{what} expects a 2-D matrix, got shape {w.shape}")
+    if w.dtype.kind != "f":
+        raise InvalidArgumentError(f"{what} expects float16/float32/float64 weights, got {w.dtype}")
+    if 0 in w.shape:
+        raise InvalidArgumentError(f"{what}: empty matrix (shape {w.shape})")
+    return w
 
 
 def head_kind(kind: str) -> str:

@@ -13,7 +13,7 @@ model adopts the copies between two steps (Transformer.step calls `poll`):
     r.poll()                       # non-blocking: True once, when the copies replace the mapped arrays
     r.wait()                       # block until done (benchmarks that measure the steady state)
 
-The copy also packs the matrices (and int8 scales) into one buffer, in the order a forward step reads
+The copy also packs the matrices into one buffer, in the order a forward step reads
 them (layer 0 attn, attn_proj, fc, proj, layer 1 ..., the head), so that one step is one forward stream
 that the hardware prefetchers follow across matrix boundaries.  On the 2-core CI machine, streaming the
 f16 matrices of GPT-2 124M through `gpt2asm_matvec_f16_avx2`, one matrix after the other, ran at
@@ -63,11 +63,9 @@ def _mem_available() -> int | None:
 
 
 def matrix_slots(w) -> list[tuple[object, str]]:
-    """(owner, attribute) of every tiled matrix and int8 scale vector of a Weights object, in the order a
-    forward step reads them (a matrix's scales just before it)."""
-    names = ("attn_s", "attn_w", "attn_proj_s", "attn_proj_w", "fc_s", "fc_w", "proj_s", "proj_w")
-    out = [(L, n) for L in w.layers for n in names]
-    return out + [(w, "head_s"), (w, "head_w")]
+    """(owner, attribute) of every tiled matrix of a Weights object, in the order a forward step reads them."""
+    names = ("attn_w", "attn_proj_w", "fc_w", "proj_w")
+    return [(L, n) for L in w.layers for n in names] + [(w, "head_w")]
 
 
 def _round(n: int) -> int:

@@ -1,6 +1,6 @@
 """python -m gpt2asm serve — an OpenAI-compatible completions server with continuous batching.
 
-    python -m gpt2asm serve --model gpt2 [--dtype f32|f16|q8] [-j N] [--host 127.0.0.1] [--port 8000]
+    python -m gpt2asm serve --model gpt2 [--dtype f32|f16|q8_0|q4_0] [-j N] [--host 127.0.0.1] [--port 8000]
                             [--max-batch 32] [--max-queue 256] [--api-key KEY]
 
 Built on Starlette (routing, JSON, Server-Sent Events through StreamingResponse) served by uvicorn; the
@@ -579,11 +579,11 @@ class Choice:
 # the command
 
 def parser() -> argparse.ArgumentParser:
-    from .__main__ import DTYPE_LABELS, positive_int
+    from .__main__ import DTYPE_LABELS, dtype_arg, positive_int
     ap = argparse.ArgumentParser(prog="python -m gpt2asm serve",
                                  description="An OpenAI-compatible completions server (continuous batching).")
     ap.add_argument("--model", metavar="DIR|NAME", default=None, help="as python -m gpt2asm --model")
-    ap.add_argument("--dtype", choices=DTYPE_LABELS, default="f32", help="weight matrices (default f32)")
+    ap.add_argument("--dtype", type=dtype_arg, choices=DTYPE_LABELS, default="f32", help="weight matrices (default f32)")
     ap.add_argument("--kv", choices=("f32", "f16"), default=None, help="KV cache dtype (default: as the CLI)")
     ap.add_argument("-j", type=positive_int(1, 256), default=1, metavar="N", help="threads per matrix product")
     ap.add_argument("-s", dest="isa", metavar="ISA", default=None, help="kernel family (default: best)")

@@ -1,7 +1,7 @@
 """Per-sequence state: the KV cache and the activation buffers of one forward step.
 
 KV cache layout (docs/kernels.md, attention): k, v [n_layer][n_head][n_ctx][64] float32, or binary16
-(by default with the f16 and q8 weight dtypes: model.Transformer's kv) — each head's keys and values contiguous, so
+(by default with every weight dtype but f32: model.Transformer's kv) — each head's keys and values contiguous, so
 attention streams them in position order.
 
 The step plan (model.Transformer.build_plan) holds the addresses of these arrays: they are allocated

@@ -4,7 +4,7 @@
     w = load_weights_cached("models/gpt2", dtype="f32")      # same Weights as weights.load_weights
 
 Tiling ~500 MB of matrices costs seconds at every start; a cache file holds them in the engine's layout
-([out/64][in][64] tiles, f32, f16 or q8 = int8 + per-output float32 scales; the output head; wte as float32
+([out/64][in][64] tiles, f32 or f16, or q8_0 / q4_0 block records; the output head; wte as float32
 when the checkpoint's own copy cannot be mapped 64-byte aligned), so a warm start maps it (read-only,
 zero-copy) and reads from the checkpoint only the small tensors (LayerNorm parameters, biases, wpe), which
 it validates as the cold path does.
@@ -72,7 +72,7 @@ import numpy as np
 from . import weights as W
 from .errors import CheckpointError, GPT2AsmError
 from .safefs import MAX_JSON, expand_user, read_bytes
-from .tilelayout import (LAYOUTS, Layout, q0_assemble, q0_expected, q8_expected, register_layout,  # noqa: F401
+from .tilelayout import (LAYOUTS, Layout, q0_assemble, q0_expected, register_layout,  # noqa: F401
                          tiled_assemble, tiled_expected, tiled_stored)
 
 MAGIC = b"G2ATILES"
@@ -475,11 +475,6 @@ _lock = threading.Lock()
 
 
 def _layout(dtype) -> Layout | None:
-    if dtype not in LAYOUTS and isinstance(dtype, str):
-        try:                                              # quant.py registers its layout when imported
-            __import__("gpt2asm.quant")
-        except ImportError:
-            pass
     return LAYOUTS.get(dtype) if isinstance(dtype, str) else None
 
 

@@ -1,20 +1,14 @@
 """The tile cache's layouts (gpt2asm.tilecache): for each engine dtype, what a cache file stores, what a
 valid one must hold, and how a warm start assembles the Weights from it and the checkpoint.
 
-'f32', 'f16', 'q8', 'q8_0' and 'q4_0' are built in ('q8_0' / 'q4_0': q0_expected, uint8 block records
+'f32', 'f16', 'q8_0' and 'q4_0' are built in ('q8_0' / 'q4_0': q0_expected, uint8 block records
 of gpt2asm.quant0 and wte, the dequantized q8_0 embedding, always stored). Another weight format registers a
 Layout (register_layout): its cold loader, the arrays it stores, the arrays a valid cache must hold, how to assemble a Weights. The
 generic pieces: tiled_stored stores every array field of Layer / Weights that is not read from the
-checkpoint (so fields such as the q8 scales are carried), tiled_expected(ld, dtype, mat_dtype) gives the
-tiled shapes, and tiled_assemble(..., weights_cls=, layer_cls=) rebuilds the dataclasses. 'q8' is
-
-    register_layout(Layout("q8", 1, weights.load_weights, tiled_stored, q8_expected, tiled_assemble,
-                           ("gpt2asm.tilelayout", "gpt2asm.weights", "gpt2asm.quant"), _NUMERIC))
-
-(q8_expected = tiled_expected(ld, "q8", np.int8) plus the scales, float32 [64 * n_tiles] each: h.I.attn_s,
-h.I.attn_proj_s, h.I.fc_s, h.I.proj_s, head_s); the quantiser's source is part of its key. An unknown
-dtype imports gpt2asm.quant once (where another registration could live), and without a layout the cold
-loader is used.
+checkpoint (so extra fields a format adds are carried), tiled_expected(ld, dtype, mat_dtype) gives the
+tiled shapes, and tiled_assemble(..., weights_cls=, layer_cls=) rebuilds the dataclasses; the modules
+named in a Layout are part of its cache key (a change to the quantiser re-quantises). A dtype without a
+layout is loaded by the cold loader (a retired one: its error).
 """
 from __future__ import annotations
 
@@ -138,23 +132,9 @@ def tiled_assemble(ld, dtype: str, arrays: dict, weights_cls=None, layer_cls=Non
         source_dtype="+".join(stored), **top)
 
 
-def q8_expected(ld, dtype: str = "q8") -> dict:
-    """The q8 layout: int8 tiles (tiled_expected with np.int8) and the float32 scale of every output of
-    each matrix, [64 * n_tiles] (Layer.attn_s, attn_proj_s, fc_s, proj_s; Weights.head_s)."""
-    out = tiled_expected(ld, dtype, np.int8)
-    f32 = np.dtype(np.float32)
-    for name, (dt, shape) in list(out.items()):
-        if name.endswith("_w"):                         # h.I.attn_w -> h.I.attn_s, head_w -> head_s
-            out[name[:-2] + "_s"] = (f32, (shape[0] * W.TILE,))
-    return out
-
-
 for _dt in ("f32", "f16"):
     register_layout(Layout(_dt, 1, W.load_weights, tiled_stored, tiled_expected, tiled_assemble,
                            ("gpt2asm.tilelayout", "gpt2asm.weights"), _NUMERIC))
-# int8 tiles + per-output scales; the quantiser's source is part of the key (a change re-quantises)
-register_layout(Layout("q8", 1, W.load_weights, tiled_stored, q8_expected, tiled_assemble,
-                       ("gpt2asm.tilelayout", "gpt2asm.weights", "gpt2asm.quant"), _NUMERIC))
 
 
 def q0_expected(ld, dtype: str) -> dict:

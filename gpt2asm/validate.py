@@ -16,7 +16,7 @@ SIZE_MAX = (1 << 64) - 1          # what a size_t kernel returns for "none" (gpt
 # the dtypes a KV cache may have, by name: float32, or binary16 (State, Transformer(kv=...))
 KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
 # the dtypes of tiled weight matrices
-MATRIX_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int8))
+MATRIX_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 def is_int(x) -> bool:
@@ -68,22 +68,15 @@ def check_attention(q, k, v, n_pos) -> tuple[int, int]:
     return H, n_ctx
 
 
-def check_matrix(w, name: str = "w", scale=None, n_tiles: int | None = None) -> tuple[int, int, np.dtype]:
-    """Validate a tiled weight matrix [n_tiles][n_in][64] (float32, float16, or int8 with its scales
-    float32 [64*n_tiles]): (n_tiles, n_in, dtype).  A scale is required for int8 and refused otherwise."""
+def check_matrix(w, name: str = "w", n_tiles: int | None = None) -> tuple[int, int, np.dtype]:
+    """Validate a tiled weight matrix [n_tiles][n_in][64] (float32 or float16): (n_tiles, n_in, dtype)."""
     if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.shape[2] == TILE and w.shape[0] >= 1
             and w.shape[1] >= 1 and w.dtype in MATRIX_DTYPES):
-        raise InvalidArgumentError(f"{name}: expected a tiled float32/float16/int8 matrix [n_tiles][n_in][64]")
+        raise InvalidArgumentError(f"{name}: expected a tiled float32/float16 matrix [n_tiles][n_in][64]")
     nt, n_in, _ = w.shape
     if n_tiles is not None and nt != n_tiles:
         raise InvalidArgumentError(f"{name}: {nt} tiles, expected {n_tiles}")
     check(w, name, w.dtype, aligned=True)
-    if w.dtype == np.int8:
-        if scale is None:
-            raise InvalidArgumentError(f"{name}: int8 weights need their scales (float32 [{nt * TILE}])")
-        check(scale, f"{name} scale", np.float32, nt * TILE)
-    elif scale is not None:
-        raise InvalidArgumentError(f"{name}: a scale goes only with int8 weights, not {w.dtype}")
     return nt, n_in, w.dtype
 
 

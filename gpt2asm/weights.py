@@ -13,9 +13,8 @@ are ignored. lm_head.weight is optional: when present it is the output head, oth
 
 Engine layout (see tile_matrix): every matrix multiply  y[out] = x[in] @ W[in][out] + b  uses W tiled as
     Wt[ceil(out/64)][in][64],  Wt[t][i][j] = W[i][64t + j]   (zero for 64t + j >= out)
-so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32, float16
-(dtype='f16') or int8 with one float32 scale per output (dtype='q8', gpt2asm.quant: Layer.*_s and
-Weights.head_s), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
+so a kernel streams one contiguous [in][64] panel per 64 outputs. Matrices are float32 or float16
+(dtype='f16'), vectors always float32; every array the engine gets is C-contiguous and 64-byte aligned.
 dtypes 'q8_0' / 'q4_0' (gpt2asm.quant0, docs/kernels.md "q8_0 / q4_0") hold llama.cpp's blocks of 32 inputs instead:
 each matrix is uint8 [ceil(out/64)][in/32][RECORD] records of 64 outputs x 32 inputs with their fp16
 scales; the head (and the embedding) is q8_0 for both, and wte is the dequantized q8_0 embedding.
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .args import not_retired
 from .config import GPT2Config, infer_config
 from .errors import CheckpointError, InvalidArgumentError, ModelNotFoundError
 
@@ -51,7 +51,7 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0":
              "U64": 8, "I64": 8, "F64": 8, "C64": 8}
 # the dtypes whose weights we can use -> how they are viewed in numpy (BF16 as raw bits)
 _NUMPY_DTYPE = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-MATRIX_DTYPES = {"f32": np.float32, "f16": np.float16, "q8": np.int8,   # engine dtype -> tiled matrix dtype
+MATRIX_DTYPES = {"f32": np.float32, "f16": np.float16,                  # engine dtype -> tiled matrix dtype
                  "q8_0": np.uint8, "q4_0": np.uint8}                      # ggml blocks as records (quant0)
 Q0_DTYPES = ("q8_0", "q4_0")
 _FLOAT_TILES = (np.dtype(np.float32), np.dtype(np.float16))             # what tile_matrix / tile_head write
@@ -81,7 +81,7 @@ def aligned_zeros(shape, dtype, align: int = ALIGN) -> np.ndarray:
 
 
 def _engine_dtype(dtype) -> np.dtype:
-    """float32 / float16 for tile_matrix and tile_head (int8 tiles come from gpt2asm.quant)."""
+    """float32 / float16 for tile_matrix and tile_head (q8_0 / q4_0 records come from gpt2asm.quant0)."""
     if isinstance(dtype, str) and dtype in MATRIX_DTYPES:
         dt = np.dtype(MATRIX_DTYPES[dtype])
     else:
@@ -321,17 +321,12 @@ class Layer:
     fc_b: np.ndarray         # [4C]
     proj_w: np.ndarray       # [C/64][4C][64]
     proj_b: np.ndarray       # [C]
-    # dtype 'q8' only (None otherwise): float32 scale per output of the int8 matrix above, [64*n_tiles]
-    attn_s: np.ndarray | None = None        # [3C]
-    attn_proj_s: np.ndarray | None = None   # [C]
-    fc_s: np.ndarray | None = None          # [4C]
-    proj_s: np.ndarray | None = None        # [C]
 
 
 @dataclass
 class Weights:
     config: GPT2Config
-    dtype: str                      # 'f32', 'f16', 'q8' (int8 + scales), 'q8_0' or 'q4_0' (block records)
+    dtype: str                      # 'f32', 'f16', 'q8_0' or 'q4_0' (block records)
     wte: np.ndarray                 # [V][C] float32, private memory (never a view of a file: see private_copy)
     wpe: np.ndarray                 # [n_ctx][C] float32
     ln_f_g: np.ndarray              # [C]
@@ -345,12 +340,11 @@ class Weights:
                                     # hold it); a read-only private copy since the file can change under us
     path: Path | None = None        # the model.safetensors that was loaded
     source_dtype: str = "F32"       # stored dtype(s) of the weights, e.g. 'F32' or 'F16' or 'F16+F32'
-    head_s: np.ndarray | None = None    # dtype 'q8' only: float32 scale per output of head_w, [V_pad]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the engine arrays, q8 scales and wte included."""
-        arrays = [self.wte, self.wpe, self.ln_f_g, self.ln_f_b, self.head_w, self.head_b, self.head_s]
+        """Bytes of the engine arrays, wte included."""
+        arrays = [self.wte, self.wpe, self.ln_f_g, self.ln_f_b, self.head_w, self.head_b]
         arrays += [a for layer in self.layers for a in vars(layer).values()]
         return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
@@ -509,11 +503,6 @@ class _Loader:
         except InvalidArgumentError as e:               # weights beyond the block scale's float16 range
             raise CheckpointError(f"{self.where}: {e}") from None
 
-    def matrix_q8(self, bare: str) -> tuple[np.ndarray, np.ndarray]:
-        """(int8 tiles, float32 scales) of a Conv1D weight (gpt2asm.quant.quantize_q8)."""
-        from .quant import quantize_q8
-        return quantize_q8(self.tensor(bare))
-
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:
     out = aligned_empty(a.shape, np.float32)
@@ -534,35 +523,30 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     """Load model.safetensors (a model directory or the file itself; config.json beside it is used when
     present, otherwise the config is inferred from the shapes) and build the engine's arrays.
 
-    dtype 'f16' stores the tiled matrices (blocks and output head) as float16; 'q8' as int8 with one float32
-    scale per output (gpt2asm.quant.quantize_q8 / quantize_q8_head from the checkpoint's float32 values:
-    Layer.attn_s, attn_proj_s, fc_s, proj_s, Weights.head_s); 'q8_0' / 'q4_0' as ggml's blocks in the
+    dtype 'f16' stores the tiled matrices (blocks and output head) as float16; 'q8_0' / 'q4_0' as ggml's blocks in the
     integer kernels' records (gpt2asm.quant0: the block matrices in that kind, the head -- and the
     embedding, dequantized into wte -- in q8_0); everything else is float32.
     """
+    not_retired(dtype)
     if not isinstance(dtype, str) or dtype not in MATRIX_DTYPES:
-        raise InvalidArgumentError(f"dtype must be 'f32', 'f16', 'q8', 'q8_0' or 'q4_0', got {dtype!r}")
+        raise InvalidArgumentError(f"dtype must be 'f32', 'f16', 'q8_0' or 'q4_0', got {dtype!r}")
     dt = np.dtype(MATRIX_DTYPES[dtype])
     half = dt == np.float16
     file, config_path = _resolve(path)
     ld = _Loader(SafetensorsFile(file), config_path)
     cfg = ld.config
-    if dtype == "q8":
-        from .quant import quantize_q8_head
-        matrix, head = ld.matrix_q8, quantize_q8_head                  # -> (int8 tiles, scales)
-    elif dtype in Q0_DTYPES:
-        matrix = lambda bare: (ld.matrix_q0(bare, dtype), None)        # noqa: E731
+    if dtype in Q0_DTYPES:
+        matrix = lambda bare: ld.matrix_q0(bare, dtype)                # noqa: E731
     else:
-        matrix = lambda bare: (ld.matrix(bare, dt), None)              # noqa: E731
-        head = lambda src: (tile_head(src, dt), None)                  # noqa: E731
+        matrix = lambda bare: ld.matrix(bare, dt)                      # noqa: E731
 
     layers = []
     for i in range(cfg.n_layer):
         p = f"h.{i}."
-        attn_w, attn_s = matrix(p + "attn.c_attn.weight")
-        attn_proj_w, attn_proj_s = matrix(p + "attn.c_proj.weight")
-        fc_w, fc_s = matrix(p + "mlp.c_fc.weight")
-        proj_w, proj_s = matrix(p + "mlp.c_proj.weight")
+        attn_w = matrix(p + "attn.c_attn.weight")
+        attn_proj_w = matrix(p + "attn.c_proj.weight")
+        fc_w = matrix(p + "mlp.c_fc.weight")
+        proj_w = matrix(p + "mlp.c_proj.weight")
         layers.append(Layer(
             ln1_g=ld.vector(p + "ln_1.weight"),
             ln1_b=ld.vector(p + "ln_1.bias"),
@@ -576,7 +560,6 @@ def load_weights(path, dtype: str = "f32") -> Weights:
             fc_b=ld.vector(p + "mlp.c_fc.bias"),
             proj_w=proj_w,                                  # [C/64][4C][64]
             proj_b=ld.vector(p + "mlp.c_proj.bias"),
-            attn_s=attn_s, attn_proj_s=attn_proj_s, fc_s=fc_s, proj_s=proj_s,   # q8 only
         ))
 
     tied = "lm_head.weight" not in ld.names
@@ -584,12 +567,12 @@ def load_weights(path, dtype: str = "f32") -> Weights:
         head_w, wte = ld.head_q0("wte.weight")
         if not tied:
             head_w = ld.head_q0("lm_head.weight")[0]
-        head_s, wte_is_mapped = None, False
+        wte_is_mapped = False
     else:
         wte = ld.tensor("wte.weight", f16_target=tied and half)
         wte_is_mapped = ld.st.entries[ld.names["wte.weight"]].dtype == "F32" and wte.ctypes.data % ALIGN == 0
         wte = private_copy(wte)                             # nothing of the mapped file stays in use
-        head_w, head_s = head(wte if tied else ld.tensor("lm_head.weight", f16_target=half))
+        head_w = tile_head(wte if tied else ld.tensor("lm_head.weight", f16_target=half), dt)
 
     stored = sorted({ld.st.entries[ld.names[n]].dtype for n in ld.used})
     return Weights(
@@ -607,5 +590,4 @@ def load_weights(path, dtype: str = "f32") -> Weights:
         wte_is_mapped=wte_is_mapped,
         path=file,
         source_dtype="+".join(stored),
-        head_s=head_s,                                      # q8 only
     )

@@ -16,7 +16,7 @@ import ctypes
 
 import numpy as np
 
-from gpt2asm.model import PREFILL_ROWS, Transformer, scale
+from gpt2asm.model import PREFILL_ROWS, Transformer
 from gpt2asm.state import State
 from gpt2asm.validate import HEAD_DIM, addr
 
@@ -76,18 +76,17 @@ def _q0_kind(w: np.ndarray) -> str:
     return {2176: "q8_0", 1152: "q4_0"}[w.shape[2]]
 
 
-def _matvec(m: Transformer, w: np.ndarray, s: np.ndarray | None, x: int, b: np.ndarray | None, y: int,
+def _matvec(m: Transformer, w: np.ndarray, x: int, b: np.ndarray | None, y: int,
             n_in: int) -> None:
     if w.dtype == np.uint8:                  # q8_0 / q4_0 records: quantize the input, then the matvec
         K = q0(m)
         xq, xd = K.quantize(_floats(x, n_in).copy())
         K.matvec(_q0_kind(w), w, xq, xd, b, _floats(y, 64 * w.shape[0]))
         return
-    m.k.run(*m.k.matvec_job(w, x, None if b is None else addr(b), y, n_in, w.shape[0],
-                            None if s is None else addr(s)))
+    m.k.run(*m.k.matvec_job(w, x, None if b is None else addr(b), y, n_in, w.shape[0]))
 
 
-def _matmul(m: Transformer, w: np.ndarray, s: np.ndarray | None, x: np.ndarray, b: np.ndarray | None,
+def _matmul(m: Transformer, w: np.ndarray, x: np.ndarray, b: np.ndarray | None,
             y: np.ndarray, T: int, n_in: int) -> None:
     """y[t] = W x[t] + b for the rows t < T of the C-contiguous row buffers x, y (the matmul kernels)."""
     if w.dtype == np.uint8:                  # q8_0 / q4_0: every row quantized, then the q0 matmul
@@ -101,24 +100,24 @@ def _matmul(m: Transformer, w: np.ndarray, s: np.ndarray | None, x: np.ndarray, 
         y[:T, :out.shape[1]] = out
         return
     m.k.run(*m.k.matmul_job(w, addr(x), x.shape[1], None if b is None else addr(b), addr(y), y.shape[1],
-                            T, n_in, w.shape[0], None if s is None else addr(s)))
+                            T, n_in, w.shape[0]))
 
 
 def block(m: Transformer, s: State, i: int, pos: int) -> None:
     """Transformer block i for the token at position pos; s.x is the residual stream."""
     L, C, H, K = m.w.layers[i], m.cfg.n_embd, m.cfg.n_head, m.k
     K.layernorm_f32(addr(s.x), addr(L.ln1_g), addr(L.ln1_b), addr(s.h), C)
-    _matvec(m, L.attn_w, scale(L, "attn"), addr(s.h), L.attn_b, addr(s.qkv), C)   # qkv [3C] = h W + b
+    _matvec(m, L.attn_w, addr(s.h), L.attn_b, addr(s.qkv), C)   # qkv [3C] = h W + b
     s.k[i, :, pos] = s.qkv[C:2 * C].reshape(H, HEAD_DIM)               # cache this position (a binary16
     s.v[i, :, pos] = s.qkv[2 * C:3 * C].reshape(H, HEAD_DIM)           # cache: rounded to nearest even)
     K.run(*K.attention_job(addr(s.qkv), addr(s.k[i]), addr(s.v[i]), addr(s.att), [addr(a) for a in s.scratch],
                            pos + 1, m.cfg.n_ctx * HEAD_DIM, H, s.k.dtype == np.float16))
-    _matvec(m, L.attn_proj_w, scale(L, "attn_proj"), addr(s.att), L.attn_proj_b, addr(s.proj), C)
+    _matvec(m, L.attn_proj_w, addr(s.att), L.attn_proj_b, addr(s.proj), C)
     np.add(s.x, s.proj[:C], out=s.x)                                   # x += attn
     K.layernorm_f32(addr(s.x), addr(L.ln2_g), addr(L.ln2_b), addr(s.h), C)
-    _matvec(m, L.fc_w, scale(L, "fc"), addr(s.h), L.fc_b, addr(s.fc), C)  # fc [4C]
+    _matvec(m, L.fc_w, addr(s.h), L.fc_b, addr(s.fc), C)  # fc [4C]
     K.gelu_f32(addr(s.fc), addr(s.fc), 4 * C)
-    _matvec(m, L.proj_w, scale(L, "proj"), addr(s.fc), L.proj_b, addr(s.proj), 4 * C)
+    _matvec(m, L.proj_w, addr(s.fc), L.proj_b, addr(s.proj), 4 * C)
     np.add(s.x, s.proj[:C], out=s.x)                                   # x += mlp
 
 
@@ -130,7 +129,7 @@ def head(m: Transformer, s: State) -> np.ndarray:
     """LayerNorm f and the LM head of s.x into s.logits: logits [vocab] (a view of s)."""
     C = m.cfg.n_embd
     m.k.layernorm_f32(addr(s.x), addr(m.w.ln_f_g), addr(m.w.ln_f_b), addr(s.h), C)
-    _matvec(m, m.w.head_w, scale(m.w, "head"), addr(s.h), m.w.head_b, addr(s.logits), C)
+    _matvec(m, m.w.head_w, addr(s.h), m.w.head_b, addr(s.logits), C)
     return s.logits[:m.cfg.vocab_size]
 
 
@@ -156,20 +155,20 @@ def rows_block(m: Transformer, s: State, qkv: np.ndarray, i: int, T: int, pos: i
     x = r.x[:T]
     for t in range(T):
         K.layernorm_f32(addr(x[t]), addr(L.ln1_g), addr(L.ln1_b), addr(r.h[t]), C)
-    _matmul(m, L.attn_w, scale(L, "attn"), r.h, L.attn_b, qkv, T, C)     # qkv [T][3C]
+    _matmul(m, L.attn_w, r.h, L.attn_b, qkv, T, C)     # qkv [T][3C]
     s.k[i, :, pos:pos + T] = qkv[:T, C:2 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)   # cache rows
     s.v[i, :, pos:pos + T] = qkv[:T, 2 * C:3 * C].reshape(T, H, HEAD_DIM).transpose(1, 0, 2)
     for t in range(T):                                                   # row t: positions 0 .. pos + t
         K.run(*K.attention_job(addr(qkv[t]), addr(s.k[i]), addr(s.v[i]), addr(r.att[t]),
                                [addr(a) for a in s.scratch], pos + t + 1, m.cfg.n_ctx * HEAD_DIM, H,
                                s.k.dtype == np.float16))
-    _matmul(m, L.attn_proj_w, scale(L, "attn_proj"), r.att, L.attn_proj_b, r.y, T, C)
+    _matmul(m, L.attn_proj_w, r.att, L.attn_proj_b, r.y, T, C)
     np.add(x, r.y[:T, :C], out=x)                                        # x += attn
     for t in range(T):
         K.layernorm_f32(addr(x[t]), addr(L.ln2_g), addr(L.ln2_b), addr(r.h[t]), C)
-    _matmul(m, L.fc_w, scale(L, "fc"), r.h, L.fc_b, r.fc, T, C)       # fc [T][4C]
+    _matmul(m, L.fc_w, r.h, L.fc_b, r.fc, T, C)       # fc [T][4C]
     K.gelu_f32(addr(r.fc), addr(r.fc), T * 4 * C)
-    _matmul(m, L.proj_w, scale(L, "proj"), r.fc, L.proj_b, r.y, T, 4 * C)
+    _matmul(m, L.proj_w, r.fc, L.proj_b, r.y, T, 4 * C)
     np.add(x, r.y[:T, :C], out=x)                                        # x += mlp
 
 

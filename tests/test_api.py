@@ -34,8 +34,19 @@ def test_load_forms(ckpt_tiny):
         GPT2.load(12345)
 
 
+@pytest.mark.parametrize("dtype", ["q8", "Q8", "int8"])
+def test_retired_dtype_names_its_successor(ckpt_tiny, dtype):
+    """The old int8 dtype was retired (docs/notes.md): every loader refuses it with InvalidArgumentError
+    naming q8_0 -- before touching the model or the kernels."""
+    from gpt2asm import ggufload, tilecache, weights
+    msg = f"dtype '{dtype}' was retired: use 'q8_0'"
+    for load in (GPT2.load, weights.load_weights, tilecache.load_weights_cached, ggufload.load_gguf):
+        with pytest.raises(InvalidArgumentError, match=msg):
+            load(ckpt_tiny, dtype)
+
+
 def test_kv_cache_dtype(ckpt_tiny):
-    """kv: f32 by default with f32 weights, f16 with f16 / q8; either may be asked for.  A binary16 cache
+    """kv: f32 by default with f32 weights, f16 with the other dtypes; either may be asked for.  A binary16 cache
     is half the bytes, its logits close to an f32 cache's (rounding of keys and values, not more), and a
     snapshot restores only into a session with the same cache dtype."""
     with GPT2.load(ckpt_tiny) as a, GPT2.load(ckpt_tiny, kv="f16") as b, GPT2.load(ckpt_tiny, dtype="f16") as c, \

@@ -2,7 +2,7 @@
 
 Contract: one library call steps B sequences, each at its own position with its own KV cache, and each
 row gets the bits of stepping that sequence alone -- logits, argmax (None on NaN/inf) and the cache rows
-written -- for B = 1, 2, 3, 8, 32, every native x86 family, f32 / f16 (binary16 cache) / q8, -j 1/2/3, and
+written -- for B = 1, 2, 3, 8, 32, every native x86 family, f32 / f16 (binary16 cache), -j 1/2/3, and
 q8_0 / q4_0 (B = 1, 2, 3, 8) with each family's best and plain q0 variants; the AVX-512 family also under
 the emulator.  Rows join and leave without a plan rebuild; bad rows are
 refused before anything is fed.
@@ -50,7 +50,7 @@ def check_rows_equal_alone(M, batch, alone, toks, lg, am, where: str) -> None:
 
 
 @pytest.mark.parametrize("threads", THREADS)
-@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_rows_same_bits_as_alone(ckpt_tiny, families, dtype, threads):
     for fam in families:
         rows_same_bits_as_alone(ckpt_tiny, fam, dtype, threads, BATCHES, f"{fam} {dtype} -j{threads}")
@@ -106,7 +106,7 @@ def test_rows_join_and_leave_without_rebuild(ckpt_tiny):
 def test_more_rows_than_a_run(ckpt_tiny, monkeypatch):
     """step_batch cuts B > BATCH_ROWS rows into runs of at most BATCH_ROWS: the same bits."""
     monkeypatch.setattr(model_mod, "BATCH_ROWS", 4)
-    with GPT2.load(ckpt_tiny, dtype="q8") as m:
+    with GPT2.load(ckpt_tiny, dtype="q8_0") as m:
         M = m.model
         if not M.k.has_batch:
             pytest.skip(f"{M.k.family}: no batched decode executor")
@@ -302,7 +302,7 @@ def test_124m_shape_rows_same_bits_as_alone(tokenizer_dir):
     (q8_0 / q4_0: its q8_0 records)."""
     from conftest import checkpoint
     ck = checkpoint("124M-2layer", tokenizer_dir, size="124M", n_layer=2, seed=3)
-    cases = [("f16", 3), ("q8_0", 3)] if QEMU else [("f16", 3), ("q8", 2), ("q8_0", 3), ("q4_0", 2)]
+    cases = [("f16", 3), ("q8_0", 3)] if QEMU else [("f16", 3), ("q8_0", 3), ("q4_0", 2)]
     for dtype, threads in cases:
         with GPT2.load(ck, dtype=dtype, threads=threads) as m:
             M = m.model

@@ -12,7 +12,7 @@ import pytest
 from gpt2asm import GPT2
 
 ROOT = Path(__file__).resolve().parent.parent
-STATS = re.compile(r"^\[gpt2asm\] (\d+) prompt \+ (\d+) generated tokens, [\d.]+ tok/s \((\w+), (fp32|fp16|q8), -j (\d+)")
+STATS = re.compile(r"^\[gpt2asm\] (\d+) prompt \+ (\d+) generated tokens, [\d.]+ tok/s \((\w+), (fp32|fp16|q8_0|q4_0), -j (\d+)")
 
 
 def cli(*args, env=None, cwd=ROOT):
@@ -75,11 +75,21 @@ def test_kv_cache_flag(ckpt_tiny):
     assert r.returncode == 2 and "Traceback" not in r.stderr and "--kv" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("args", [("-h", "--dtype", "q8"), ("-h", "--dtype", "f32"), ("--dtype", "q4"),
+@pytest.mark.parametrize("args", [("-h", "--dtype", "q8_0"), ("-h", "--dtype", "f32"), ("--dtype", "q4"),
                                   ("--dtype",)])
 def test_dtype_usage_errors(ckpt_tiny, args):
     r = cli("--model", str(ckpt_tiny), "-n", "2", *args, "Hi")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "--dtype" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("dtype", ["q8", "Q8", "int8"])
+def test_retired_dtype_names_its_successor(ckpt_tiny, dtype):
+    """The old int8 dtype (one fp32 scale per output row) was retired (docs/notes.md): --dtype q8 is a
+    usage error that names q8_0, in the CLI and in the server's options."""
+    for args in ((), ("serve",)):
+        r = cli(*args, "--model", str(ckpt_tiny), "--dtype", dtype, *(() if args else ("Hi",)))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"dtype '{dtype}' was retired: use 'q8_0'" in r.stderr, r.stderr
 
 
 def test_model_from_env_and_cwd(ckpt_tiny):
@@ -116,4 +126,4 @@ def test_context_overflow_one_line(ckpt_tiny):
 def test_help():
     r = cli("--help")
     assert r.returncode == 0 and "-h" in r.stdout and "fp16" in r.stdout
-    assert "--dtype {f32,f16,q8,q8_0,q4_0}" in r.stdout and "int8" in r.stdout
+    assert "--dtype {f32,f16,q8_0,q4_0}" in r.stdout and "integer dot products" in r.stdout

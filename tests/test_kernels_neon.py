@@ -1,14 +1,14 @@
 """checkasm-style tests of the AArch64 NEON kernels (asm/aarch64/*_neon.S), run under qemu-aarch64 on x86
 (make test-arm64, tools/arm64/run_tests.py) or natively on Arm.
 
-    gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon, gpt2asm_layernorm_f32_neon,
+    gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_layernorm_f32_neon,
     gpt2asm_gelu_f32_neon, gpt2asm_expf_f32_neon, gpt2asm_softmax_f32_neon, gpt2asm_attention_f32_neon,
-    gpt2asm_attention_f16_neon, gpt2asm_argmax_f32_neon, gpt2asm_matmul_{f32,f16,q8}_neon (docs/kernels.md)
+    gpt2asm_attention_f16_neon, gpt2asm_argmax_f32_neon, gpt2asm_matmul_{f32,f16}_neon (docs/kernels.md)
 
 The contract is the x86 one: every output is the same sequence of IEEE binary32 operations.  Each call is
 checked against
 
-  * the exact numpy models of tests/test_kernels_matvec.py, tests/test_kernels_q8.py and
+  * the exact numpy models of tests/test_kernels_matvec.py and
     tests/test_kernels_ops.py (imported, not copied: most checks here ARE those files' test functions, run
     on a NEON runner), bit for bit, NaN-ness included; their float64 references within the documented
     bounds; special values;
@@ -51,7 +51,6 @@ from gpt2asm.checkasm import open_library  # noqa: E402
 from forked import run_forked  # noqa: E402
 import test_kernels_matvec as mv  # noqa: E402   (matvec models, harness and test functions)
 import test_kernels_ops as ops  # noqa: E402     (elementwise / attention models, harness, test functions)
-import test_kernels_q8 as q8  # noqa: E402       (int8 matvec model, harness and test functions)
 
 IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
 LIB_NAME = "libgpt2asm.dylib" if sys.platform == "darwin" else "libgpt2asm.so"
@@ -62,8 +61,7 @@ F32 = np.float32
 HEAD = 64
 TILE = 64
 P, S = ctypes.c_void_p, ctypes.c_size_t
-NEON_SYMBOLS = ["gpt2asm_matvec_f32_neon", "gpt2asm_matvec_f16_neon", "gpt2asm_matvec_q8_neon",
-                "gpt2asm_layernorm_f32_neon", "gpt2asm_gelu_f32_neon", "gpt2asm_expf_f32_neon",
+NEON_SYMBOLS = ["gpt2asm_matvec_f32_neon", "gpt2asm_matvec_f16_neon", "gpt2asm_layernorm_f32_neon", "gpt2asm_gelu_f32_neon", "gpt2asm_expf_f32_neon",
                 "gpt2asm_softmax_f32_neon", "gpt2asm_attention_f32_neon", "gpt2asm_attention_f16_neon",
                 "gpt2asm_argmax_f32_neon"]
 
@@ -80,8 +78,6 @@ def bind(lib: ctypes.CDLL, family: str) -> ctypes.CDLL:
     for dtype in ("f32", "f16"):
         fn = getattr(lib, f"gpt2asm_matvec_{dtype}_{family}")
         fn.argtypes, fn.restype = [P, P, P, P, S, S, S], None
-    fn = getattr(lib, f"gpt2asm_matvec_q8_{family}")
-    fn.argtypes, fn.restype = [P, P, P, P, P, S, S, S], None
     for op in ops.SIGS:
         if op in ops.F32_OPS or (op, family) in ops.SYMBOLS:
             fn = getattr(lib, ops.symbol(op, family))
@@ -135,30 +131,6 @@ class MatvecRunner:
         return yg.get(np.float32)
 
 
-class Q8Runner:
-    """gpt2asm_matvec_q8_neon in the harness of test_kernels_q8.NativeRunner: w 64-byte aligned; scale, x,
-    b, y at rotating misalignments (odd ones too); 4 KiB canaries on each side; inputs unchanged."""
-
-    MISALIGN = (4, 1, 0, 2, 60, 3, 12, 5, 8, 63)
-
-    def __init__(self, lib: ctypes.CDLL):
-        self.fn = lib.gpt2asm_matvec_q8_neon
-        self.name = "gpt2asm_matvec_q8_neon"
-        self._mis = itertools.cycle(self.MISALIGN)
-
-    def __call__(self, wt, scale, x, b, y0, tb, te, *, seed=0):
-        n_in = wt.shape[1]
-        w = mv.Guarded(wt.nbytes, 0, seed).put(wt)
-        sg = mv.Guarded(scale.nbytes, next(self._mis), seed + 1).put(scale)
-        xg = mv.Guarded(x.nbytes, next(self._mis), seed + 2).put(x)
-        bg = mv.Guarded(b.nbytes, next(self._mis), seed + 3).put(b) if b is not None else None
-        yg = mv.Guarded(y0.nbytes, next(self._mis), seed + 4).put(y0)
-        self.fn(w.addr, sg.addr, xg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
-        mv.check_guarded(self.name, ((w, wt, "w"), (sg, scale, "scale"), (xg, x, "x"), (bg, b, "b"),
-                                     (yg, None, "y")))
-        return yg.get(np.float32)
-
-
 @pytest.fixture
 def variant(lib, monkeypatch):
     """The NEON runner for test_kernels_ops' test functions.  Their run() would also compare with native
@@ -171,12 +143,6 @@ def variant(lib, monkeypatch):
 def mvariant(request, lib):
     """(dtype, [runner]), as test_kernels_matvec's `variant` fixture."""
     return request.param, [MatvecRunner(lib, request.param)]
-
-
-@pytest.fixture
-def q8runners(lib):
-    """[the NEON q8 runner], as test_kernels_q8's `runners` fixture."""
-    return [Q8Runner(lib)]
 
 
 @arm_test
@@ -288,151 +254,12 @@ def test_matvec_page_guards(lib):
 
 
 # --------------------------------------------------------------------------------------------------
-# matvec_q8 (int8 weights, fp32 scale per output)
-
-@arm_test
-@pytest.mark.parametrize("n_in", [1, 2, 3, 4, 5, 7, 17, 65, 200])
-def test_matvec_q8_sizes(q8runners, n_in):
-    """n_in mod 4 = 0..3 (the block of 4 inputs and its ld1r tail), 1..5 tiles, ranges not starting at 0,
-    with and without bias, the full int8 range -128..127 or the quantiser's -127..127: bit-exact vs the
-    contract model (test_kernels_q8.contract_ref) and within the float64 bound."""
-    rng = np.random.default_rng(3000 + n_in)
-    cases = [(nt, tb, te) for nt in (1, 2, 3, 5) for tb, te in ((0, nt), (nt // 2, nt), (1, nt - 1)) if tb < te]
-    for k, (nt, tb, te) in enumerate(cases):
-        wt, scale, x, b = q8.random_case(rng, n_in, nt, bias=k % 2 == 0, full_range=k % 3 != 0)
-        q8.run_and_check(q8runners, wt, scale, x, b, tb, te, seed=k)
-
-
-@arm_test
-def test_matvec_q8_empty_range(q8runners):
-    q8.test_empty_range(q8runners)
-
-
-@arm_test
-def test_matvec_q8_exact_integers(q8runners):
-    q8.test_exact_integers(q8runners)
-
-
-@arm_test
-def test_matvec_q8_signed_zeros(q8runners):
-    q8.test_signed_zeros(q8runners)
-
-
-@arm_test
-def test_matvec_q8_nan_inf(q8runners):
-    """NaN/inf x reach every output (inf * q=0 = NaN), a NaN/inf scale or bias only its own output,
-    acc = 0 times scale = inf is NaN."""
-    q8.test_nan_inf_propagation(q8runners)
-
-
-@arm_test
-def test_matvec_q8_large_magnitudes(q8runners):
-    q8.test_large_magnitudes(q8runners)
-
-
-@arm_test
-def test_matvec_q8_denormals(q8runners):
-    q8.test_denormals(q8runners)
-
-
-@arm_test
-def test_matvec_q8_quantized_end_to_end(q8runners):
-    q8.test_quantized_end_to_end(q8runners)
-
-
-@arm_test
-def test_matvec_q8_every_int8(lib):
-    """Every int8 value in every one of the 64 lanes (256 tiles of one row, value (t + j) mod 256 at tile
-    t, lane j), widened by sxtl/sxtl2 twice and scvtf: y = fma(q, 2^-3, +0) * 2^5 = 4q exactly.  Then 3
-    rows with x = 1, 256, 65536 (and a 4th with x = 1): y = (q0 + 256 q1 + 65536 q2 [+ q3]) * 2^-16 + b,
-    exact (|y| < 2^8 in steps of 2^-16), so any swapped lane, row or byte half shows."""
-    run = Q8Runner(lib)
-    vals = np.arange(256, dtype=np.uint8).view(np.int8)                   # 0..127, -128..-1
-    idx = (np.arange(256)[:, None] + np.arange(TILE)[None, :]) % 256
-    wt = vals[idx].reshape(256, 1, TILE)
-    y0 = np.full(256 * TILE, mv.Y_FILL, np.uint32).view(F32)
-    y = run(wt, np.full(256 * TILE, 32.0, F32), np.array([0.125], F32), None, y0, 0, 256)
-    assert np.array_equal(y, wt.reshape(-1).astype(F32) * F32(4))
-    rng = np.random.default_rng(12)
-    for n_in, nt, (tb, te) in ((3, 4, (0, 4)), (3, 4, (1, 3)), (4, 2, (0, 2))):
-        wt = rng.integers(-128, 128, (nt, n_in, TILE)).astype(np.int8)
-        wt[0, :, :] = vals[np.arange(n_in * TILE).reshape(n_in, TILE) * 7 % 256]
-        x = (256.0 ** (np.arange(n_in) % 3)).astype(F32)
-        scale = np.full(nt * TILE, 2.0 ** -16, F32)
-        b = (rng.integers(-(1 << 22), 1 << 22, nt * TILE) * 2.0 ** -16).astype(F32)   # |p + b| < 2^8: exact
-        exact = (wt.astype(np.int64) * x.astype(np.int64)[None, :, None]).sum(axis=1).reshape(-1)
-        for bias in (None, b):
-            y0 = np.full(nt * TILE, mv.Y_FILL, np.uint32).view(F32)
-            y = run(wt, scale, x, bias, y0, tb, te)
-            exp = exact * 2.0 ** -16 + (0 if bias is None else bias.astype(np.float64))
-            lo, hi = TILE * tb, TILE * te
-            assert np.array_equal(y[lo:hi].astype(np.float64), exp[lo:hi]), np.flatnonzero(y[lo:hi] != exp[lo:hi])[:8]
-            assert np.all(y.view(np.uint32)[np.r_[0:lo, hi:nt * TILE]] == mv.Y_FILL)
-
-
-@arm_test
-def test_matvec_q8_page_guards(lib):
-    """w (only the tiles of the range), scale, x, b and y butting against PROT_NONE pages on either side."""
-    rng = np.random.default_rng(10)
-    jobs = []
-    for n_in, nt, tb, te in ((1, 3, 1, 3), (2, 2, 0, 2), (3, 2, 1, 2), (7, 4, 2, 3), (65, 2, 0, 2), (5, 5, 0, 5)):
-        wt, scale, x, b = q8.random_case(rng, n_in, nt)
-        jobs.append((wt, scale, x, b, tb, te))
-
-    def child() -> bool:
-        ok = True
-        fn = lib.gpt2asm_matvec_q8_neon
-        for wt, scale, x, b, tb, te in jobs:
-            tile_bytes = wt[0].nbytes
-            for at_end in (True, False):
-                for bias in (b, None):
-                    sub = np.ascontiguousarray(wt[tb:te])
-                    wg = mv.PageFenced(sub.nbytes, at_end).put(sub)
-                    xg = mv.PageFenced(x.nbytes, at_end).put(x)
-                    ss = scale[TILE * tb:TILE * te]
-                    sg = mv.PageFenced(ss.nbytes, at_end).put(ss)
-                    bs = b[TILE * tb:TILE * te]
-                    bg = mv.PageFenced(bs.nbytes, at_end).put(bs)
-                    yg = mv.PageFenced(bs.nbytes, at_end)
-                    # pointers biased back to tile 0 / output 0: only [tb, te) may be touched
-                    fn(wg.addr - tb * tile_bytes, sg.addr - 4 * TILE * tb, xg.addr,
-                       (bg.addr - 4 * TILE * tb) if bias is not None else None, yg.addr - 4 * TILE * tb,
-                       wt.shape[1], tb, te)
-                    want = q8.contract_ref(wt, scale, x, bias, tb, te)
-                    ok &= bool(mv.same_bits(yg.get(np.float32), want).all())
-        return ok
-    run_forked(child)
-
-
-def test_matvec_q8_sme2_falls_back_to_neon():
-    """The sme2 family has no q8 kernel: build.py's symbol lists resolve it to NEON's, and so does
-    gpt2asm.kernels (FAMILY_FALLBACK) on a CPU with SME2 (run under the sme512 configuration)."""
-    sys.path.insert(0, str(ROOT))
-    import build
-    assert build.kernel_symbol("matvec_q8", "sme2") == "gpt2asm_matvec_q8_neon"
-    assert build.kernel_symbol("matvec_q8", "neon") == "gpt2asm_matvec_q8_neon"
-    assert "gpt2asm_matvec_q8_neon" not in build.bound_symbols("aarch64")      # exported, checked apart
-    if not IS_ARM:
-        return
-    from gpt2asm.cpu import available_families
-    from gpt2asm.kernels import Kernels
-    if "sme2" not in available_families():
-        pytest.skip("no SME2 kernel family on this CPU")
-    k = Kernels("sme2")
-    try:
-        assert k._symbol("matvec_q8") == "gpt2asm_matvec_q8_neon"
-        assert k._symbol("matvec_f32") == "gpt2asm_matvec_f32_sme2"
-    finally:
-        k.close()
-
-
-# --------------------------------------------------------------------------------------------------
-# matmul (batched prefill): gpt2asm_matmul_{f32,f16,q8}_neon in test_kernels_matmul's harness (its contract
+# matmul (batched prefill): gpt2asm_matmul_{f32,f16}_neon in test_kernels_matmul's harness (its contract
 # model, cases and test functions), and bit for bit against the NEON matvec row by row
 
 import test_kernels_matmul as mm  # noqa: E402   (matmul contract model, cases and test functions)
 
-MM_DTYPES = ("f32", "f16", "q8")
+MM_DTYPES = ("f32", "f16")
 
 
 def bind_matmul(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -441,7 +268,7 @@ def bind_matmul(lib: ctypes.CDLL) -> ctypes.CDLL:
         for isa in ("neon", "sme2"):
             fn = getattr(lib, f"gpt2asm_matmul_{d}_{isa}", None)
             if fn is not None:
-                fn.argtypes = [P, P, P, S, P, P, S, S, S, S, S] if d == "q8" else [P, P, S, P, P, S, S, S, S, S]
+                fn.argtypes = [P, P, S, P, P, S, S, S, S, S]
                 fn.restype = None
     return lib
 
@@ -449,7 +276,7 @@ def bind_matmul(lib: ctypes.CDLL) -> ctypes.CDLL:
 class MatmulRunner:
     """gpt2asm_matmul_<dtype>_<isa> (NEON's by default; test_kernels_sme2 runs SME2's) in the harness of
     test_kernels_matmul.NativeRunner: w 64-byte aligned;
-    scale, X, b, Y at rotating misalignments (odd byte offsets too); 4 KiB canaries on each side; inputs
+    X, b, Y at rotating misalignments (odd byte offsets too); 4 KiB canaries on each side; inputs
     unchanged.  mm.run_and_check checks Y's row gaps (ldy > outputs) and the other tiles untouched; X's row
     gaps hold NaN (mm.Case), so reading one would show in the results."""
 
@@ -464,14 +291,12 @@ class MatmulRunner:
     def __call__(self, c, tb, te, *, seed=0, T=None):
         T = c.T if T is None else T
         wg = mv.Guarded(c.wt.nbytes, 0, seed).put(c.wt)
-        sg = mv.Guarded(c.scale.nbytes, next(self._mis), seed + 1).put(c.scale) if c.scale is not None else None
         xg = mv.Guarded(c.X.nbytes, next(self._mis), seed + 2).put(c.X)
         bg = mv.Guarded(c.b.nbytes, next(self._mis), seed + 3).put(c.b) if c.b is not None else None
         Y0 = c.Y0()
         yg = mv.Guarded(Y0.nbytes, next(self._mis), seed + 4).put(Y0)
-        self.fn(*mm.call_args(self.dtype, wg.addr, sg.addr if sg else None, xg.addr, c.ldx,
-                              bg.addr if bg else None, yg.addr, c.ldy, T, c.n_in, tb, te))
-        mv.check_guarded(self.name, ((wg, c.wt, "w"), (sg, c.scale, "scale"), (xg, c.X, "x"), (bg, c.b, "b"),
+        self.fn(wg.addr, xg.addr, c.ldx, bg.addr if bg else None, yg.addr, c.ldy, T, c.n_in, tb, te)
+        mv.check_guarded(self.name, ((wg, c.wt, "w"), (xg, c.X, "x"), (bg, c.b, "b"),
                                      (yg, None, "y")))
         return yg.get(np.float32).reshape(c.T, c.ldy)
 
@@ -525,7 +350,7 @@ def test_matmul_empty(mmvariant):
 
 @arm_test
 def test_matmul_special_values(mmvariant):
-    """NaN / inf in one token's X reach only that token's outputs, NaN / inf weights (scales for q8) only
+    """NaN / inf in one token's X reach only that token's outputs, NaN / inf weights only
     their output in every token; overflowing partial sums in the contract's order."""
     mm.test_special_values(mmvariant)
 
@@ -539,8 +364,7 @@ def test_matmul_denormals_and_zeros(mmvariant):
 @pytest.mark.parametrize("dtype", MM_DTYPES)
 def test_matmul_equals_neon_matvec_rows(lib, dtype):
     """Every row of Y has exactly the bits of gpt2asm_matvec_<dtype>_neon on that row of X, NaN payloads
-    included: quiet and signalling NaNs with payloads and infinities in X, NaN weights (f32, f16) or NaN
-    / inf scales (q8), NaN biases, and NULL bias; every token block shape (T = 1, 4, 5, 9, 13, 20)."""
+    included: quiet and signalling NaNs with payloads and infinities in X, NaN weights, NaN biases, and NULL bias; every token block shape (T = 1, 4, 5, 9, 13, 20)."""
     run = MatmulRunner(lib, dtype)
     mvfn = getattr(lib, f"gpt2asm_matvec_{dtype}_neon")
     rng = np.random.default_rng(800 + MM_DTYPES.index(dtype))
@@ -554,11 +378,8 @@ def test_matmul_equals_neon_matvec_rows(lib, dtype):
         c.X[:, :n_in] = Xi
         if dtype == "f32":
             c.wt.reshape(-1).view(np.uint32)[rng.integers(0, c.wt.size, 4)] = np.uint32(0x7FC0ABCD)
-        elif dtype == "f16":
-            c.wt.reshape(-1).view(np.uint16)[rng.integers(0, c.wt.size, 4)] = np.uint16(0x7E55)
         else:
-            c.scale[rng.integers(0, c.scale.size, 2)] = np.inf
-            c.scale.view(np.uint32)[rng.integers(0, c.scale.size, 2)] = np.uint32(0xFFC00042)
+            c.wt.reshape(-1).view(np.uint16)[rng.integers(0, c.wt.size, 4)] = np.uint16(0x7E55)
         if c.b is not None:
             c.b.view(np.uint32)[rng.integers(0, c.b.size, 3)] = np.uint32(0xFFC00123)
         Y = run(c, tb, te, seed=k)
@@ -567,10 +388,7 @@ def test_matmul_equals_neon_matvec_rows(lib, dtype):
         for t in range(T):
             x = np.ascontiguousarray(c.X[t, :n_in])
             y = np.full(nt * TILE, mv.Y_FILL, np.uint32).view(F32)
-            if dtype == "q8":
-                mvfn(c.wt.ctypes.data, c.scale.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
-            else:
-                mvfn(c.wt.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
+            mvfn(c.wt.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
             diff = np.flatnonzero(Y[t, lo:hi].view(np.uint32) != y[lo:hi].view(np.uint32))
             assert diff.size == 0, (f"{run.name} (n_in {n_in}, T {T}) token {t} differs from "
                                     f"gpt2asm_matvec_{dtype}_neon at outputs {diff[:8] + lo}")
@@ -582,7 +400,7 @@ MM_GUARD_SHAPES = ((1, 3, 1, 1, 3, 0), (7, 4, 7, 2, 3, 3), (65, 2, 13, 0, 2, 0),
 
 
 def matmul_page_guards(lib, isa: str, dtypes, shapes=MM_GUARD_SHAPES, seed: int = 61) -> None:
-    """In a forked child, gpt2asm_matmul_<dtype>_<isa> with w (only the range's tiles), scale, b, X (its
+    """In a forked child, gpt2asm_matmul_<dtype>_<isa> with w (only the range's tiles), b, X (its
     last row's n_in-th input the last byte before a PROT_NONE page, or its first byte the first after
     one) and Y (rows of exactly the range: ldy = its outputs) likewise.  Any over-read or over-write
     faults; the results must be the contract's."""
@@ -607,11 +425,10 @@ def matmul_page_guards(lib, isa: str, dtypes, shapes=MM_GUARD_SHAPES, seed: int 
                 xg = mv.PageFenced(xs.nbytes, at_end).put(xs)
                 bs = c.b[TILE * tb:TILE * te]
                 bg = mv.PageFenced(bs.nbytes, at_end).put(bs)
-                sg = mv.PageFenced(bs.nbytes, at_end).put(c.scale[TILE * tb:TILE * te]) if dtype == "q8" else None
                 yg = mv.PageFenced(4 * c.T * nout, at_end)
                 off = 4 * TILE * tb
-                fn(*mm.call_args(dtype, wg.addr - tb * tile_bytes, sg.addr - off if sg else None, xg.addr,
-                                 c.ldx, bg.addr - off, yg.addr - off, nout, c.T, c.n_in, tb, te))
+                fn(wg.addr - tb * tile_bytes, xg.addr, c.ldx, bg.addr - off, yg.addr - off, nout, c.T, c.n_in,
+                   tb, te)
                 ok &= bool(mv.same_bits(yg.get(np.float32).reshape(c.T, nout), exp).all())
         return ok
     run_forked(child)
@@ -619,7 +436,7 @@ def matmul_page_guards(lib, isa: str, dtypes, shapes=MM_GUARD_SHAPES, seed: int 
 
 @arm_test
 def test_matmul_page_guards(lib):
-    """matmul_page_guards for the three NEON kernels."""
+    """matmul_page_guards for the two NEON kernels."""
     matmul_page_guards(lib, "neon", MM_DTYPES)
 
 
@@ -641,7 +458,7 @@ def test_matmul_symbols_of_each_arm_family():
         k = Kernels(fam)
         try:
             assert k.has_matmul and k.has_plan          # plan_aarch64.S
-            assert k._symbol("matmul_q8") == f"gpt2asm_matmul_q8_{fam}"
+            assert k._symbol("matmul_f32") == f"gpt2asm_matmul_f32_{fam}"
             assert k._symbol("matmul_f16") == f"gpt2asm_matmul_f16_{fam}"
         finally:
             k.close()
@@ -1021,20 +838,6 @@ def fingerprint_cases():
             for bias in (b, None):
                 yield "matvec_f32", "matvec_f32", (wt, x, bias, np.zeros(nt * TILE, F32), n_in, tb, te), 3
                 yield "matvec_f16", "matvec_f16", (wh, x, bias, np.zeros(nt * TILE, F32), n_in, tb, te), 3
-    # matvec_q8: the full int8 range; scales with 0, inf, NaN and a subnormal; an inf input in one case
-    for i, n_in in enumerate((1, 3, 4, 7, 64, 133)):
-        nt = 3
-        wq = (u32_stream(160 + i, nt * n_in * TILE) >> np.uint32(24)).astype(np.uint8).view(np.int8)
-        wq = wq.reshape(nt, n_in, TILE)
-        sc = rbits(170 + i, nt * TILE, 110, 127)
-        sc[[3, 70, 140, 141]] = [0.0, np.inf, np.nan, 1e-40]
-        x = rbits(180 + i, n_in, 115, 128)
-        if n_in == 64:
-            x[n_in // 2] = -np.inf
-        b = rbits(190 + i, nt * TILE, 110, 128)
-        for tb, te in ((0, 3), (1, 2)):
-            for bias in (b, None):
-                yield "matvec_q8", "matvec_q8", (wq, sc, x, bias, np.zeros(nt * TILE, F32), n_in, tb, te), 4
 
 
 def fingerprints(lib: ctypes.CDLL, family: str) -> dict[str, str]:
@@ -1061,7 +864,6 @@ FINGERPRINTS = {
     "attention": "bf7b0d4a091332b95db055b6fcc153f9ab22ba0a6e188209d87f55d7a879f789",
     "matvec_f32": "8a36ca4043ec29bc02b3bbe82824df869dc93389377820e9e65a9d3e85d49adc",
     "matvec_f16": "aeeffa5b46e2cb38ae7be21e76ae0ae8ce20edccc040d4be536f359365a2ef37",
-    "matvec_q8": "284ff52d568516386afdea3841bc6c6aac116887c87e5c693597337a77a7ee26",
 }
 
 

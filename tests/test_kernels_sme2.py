@@ -1,7 +1,7 @@
 """checkasm-style tests of the SME2 kernels (asm/aarch64/matvec_sme2.S, matmul_sme2.S):
 
     gpt2asm_matvec_f32_sme2, gpt2asm_matvec_f16_sme2                     (docs/kernels.md)
-    gpt2asm_matmul_{f32,f16,q8}_sme2                                     (batched prefill; at the end)
+    gpt2asm_matmul_{f32,f16}_sme2                                        (batched prefill; at the end)
 
 They run on AArch64 only: real hardware with SME2, or x86-64 through `make test-arm64`, which runs this
 file under qemu-aarch64 once per streaming vector length (tools/arm64/run_tests.py: -cpu
@@ -456,7 +456,7 @@ def test_svl_1024_refused(lib):
 import test_kernels_matmul as mm  # noqa: E402
 import test_kernels_neon as nk  # noqa: E402
 
-MM_DTYPES = ("f32", "f16", "q8")
+MM_DTYPES = ("f32", "f16")
 
 
 @pytest.fixture(params=MM_DTYPES)
@@ -497,11 +497,9 @@ def test_matmul_denormals_and_zeros(mmvariant):
 @pytest.mark.parametrize("dtype", MM_DTYPES)
 def test_matmul_same_bits_as_neon(lib, dtype):
     """The NEON matmul of the same library gives the same bits (NaN-ness too, payloads aside) on cases
-    with NaN and infinite inputs and weights (q8: scales), and every row has the bits of the family's
-    matvec on it (sme2's for f32 / f16, NEON's for q8)."""
+    with NaN and infinite inputs and weights, and every row has the bits of the family's matvec on it."""
     sme, neon = nk.MatmulRunner(lib, dtype, ISA), nk.MatmulRunner(lib, dtype, "neon")
-    nk.bind(lib, "neon")                                  # the NEON matvec prototypes (q8's reference)
-    mvfn = getattr(lib, symbol(dtype, ISA if dtype != "q8" else "neon"))
+    mvfn = getattr(lib, symbol(dtype, ISA))
     rng = np.random.default_rng(910 + MM_DTYPES.index(dtype))
     for k, (n_in, nt, T, tb, te) in enumerate(((33, 4, 9, 1, 4), (1, 2, 5, 0, 2), (130, 2, 19, 0, 2),
                                                (7, 3, 20, 2, 3), (64, 1, 16, 0, 1))):
@@ -510,11 +508,7 @@ def test_matmul_same_bits_as_neon(lib, dtype):
         Xi[rng.integers(0, T), rng.integers(0, n_in)] = -np.inf
         Xi.reshape(-1)[rng.integers(0, Xi.size, 2)] = np.nan
         c.X[:, :n_in] = Xi
-        if dtype == "q8":
-            c.scale[rng.integers(0, c.scale.size, 2)] = np.inf
-            c.scale[rng.integers(0, c.scale.size, 2)] = np.nan
-        else:
-            c.wt.reshape(-1)[rng.integers(0, c.wt.size, 4)] = np.nan
+        c.wt.reshape(-1)[rng.integers(0, c.wt.size, 4)] = np.nan
         Ys, Yn = sme(c, tb, te, seed=k), neon(c, tb, te, seed=k)
         ok = same_bits(Ys, Yn)
         assert ok.all(), f"{dtype}: SME2 and NEON matmul differ at {np.argwhere(~ok)[:6]}"
@@ -523,10 +517,7 @@ def test_matmul_same_bits_as_neon(lib, dtype):
         for t in range(T):
             x = np.ascontiguousarray(c.X[t, :n_in])
             y = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
-            if dtype == "q8":
-                mvfn(c.wt.ctypes.data, c.scale.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
-            else:
-                mvfn(c.wt.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
+            mvfn(c.wt.ctypes.data, x.ctypes.data, pb, y.ctypes.data, n_in, tb, te)
             assert same_bits(Ys[t, lo:hi], y[lo:hi]).all(), f"{dtype}: token {t} differs from the matvec"
 
 

@@ -2,8 +2,8 @@
 asm/x86_64/plan_x86.S natively, asm/aarch64/plan_aarch64.S under qemu (`make test-arm64`, both Arm families).
 
 Contract 1: a plan gives the same logits bits as the per-call reference path, for every thread count
-(-j 1..4, including more threads than cores) and dtype (f32, f16, q8: int8 weights with per-output
-scales, natively and on the emulated AVX-512 CPU); the full-prefix forward equals cached steps.
+(-j 1..4, including more threads than cores) and dtype (f32, f16; q8_0 / q4_0: test_q0_model.py),
+natively and on the emulated AVX-512 CPU; the full-prefix forward equals cached steps.
 The pool: workers park when idle (no busy spinning), close() joins them, start/stop cycles leak nothing,
 a model closed while idle stays usable, concurrent callers are serialised.  The LM head's ARGMAX
 epilogue gives numpy's first maximum for every thread count and claim size.  Contract 2: plans refuse
@@ -11,7 +11,6 @@ arrays that do not fit before any address reaches assembly.
 """
 from __future__ import annotations
 
-import copy
 import gc
 import hashlib
 import threading
@@ -26,7 +25,6 @@ from gpt2asm.cpu import FAMILIES
 from gpt2asm.kernels import Kernels
 from gpt2asm.lib import ARCH
 from gpt2asm.model import Transformer
-from gpt2asm.quant import quantize_q8, quantize_q8_head
 from gpt2asm.tokenizer import Tokenizer
 from gpt2asm.weights import aligned_zeros, load_weights, pad_vector, tile_matrix
 
@@ -47,31 +45,6 @@ def steps(model: Transformer, ids: list[int], greedy: int = 4, reference: bool =
     for _ in range(greedy):
         out.append(step(st, int(np.argmax(out[-1])))[0].copy())
     return np.stack(out)
-
-
-def untile(t: np.ndarray) -> np.ndarray:
-    """A tiled matrix [n_tiles][n_in][64] back to the HF Conv1D layout [n_in][64 n_tiles] (padding included)."""
-    return t.transpose(1, 0, 2).reshape(t.shape[1], -1)
-
-
-def q8_weights(w):
-    """int8 Weights (dtype 'q8') from float32 Weights: every matrix through gpt2asm.quant, scales in
-    Layer.<m>_s / Weights.head_s (the contract of the q8 loader)."""
-    assert w.dtype == "f32"
-    q = copy.copy(w)
-    q.layers = []
-    for L in w.layers:
-        L8 = copy.copy(L)
-        for m in ("attn", "attn_proj", "fc", "proj"):
-            q8, s8 = quantize_q8(untile(getattr(L, m + "_w")))
-            setattr(L8, m + "_w", q8)
-            setattr(L8, m + "_s", s8)
-        q.layers.append(L8)
-    V, C = w.config.vocab_size, w.config.n_embd
-    q.head_w, q.head_s = (quantize_q8_head(w.wte.reshape(V, C)) if w.tied_head else
-                          quantize_q8(untile(w.head_w)[:, :V]))
-    q.dtype = "q8"
-    return q
 
 
 class EmulatedAvx512(Kernels):
@@ -552,105 +525,6 @@ def test_binary16_cache_rows_round_as_numpy(families):
                 assert np.array_equal(vc[:, 6 + t].view(np.uint16), half(y[2 * C:]).reshape(H, 64)), (fam, threads, t)
             assert not kc[:, 10:].any() and not kc[:, 4:6].any()  # nothing else written
             k.close()
-
-
-# --------------------------------------------------------------------------------------------------
-# int8 weights (q8) through the plan
-
-@pytest.fixture(scope="module")
-def tiny_q8(ckpt_tiny):
-    return reference_case(q8_weights(load_weights(ckpt_tiny, "f32")), ckpt_tiny, 6, greedy=3)  # matvec_q8
-
-
-@pytest.mark.parametrize("threads", [1, 2, 3, 4])
-def test_q8_plan_equals_reference_for_every_thread_count(tiny_q8, families, threads):
-    w, ids, ref = tiny_q8
-    for fam in families:
-        k = Kernels(fam, threads)
-        assert k.has_q8 and k.has_matmul
-        got = steps(Transformer(w, k), ids, greedy=3)
-        k.close()
-        assert np.array_equal(bits(got), bits(ref)), f"{fam} -j {threads}: q8 plan != per-call reference"
-
-
-def test_q8_checked_kernels(families):
-    """Kernels.matvec with int8 weights: the plan (one MATVEC job) and the per-call job give the bits of
-    the kernel itself, for every thread count; close to the float64 (Q x) * scale + b."""
-    rng = np.random.default_rng(7)
-    W = rng.standard_normal((150, 64 * 9 + 11)).astype(np.float32)
-    q, sc = quantize_q8(W)
-    x = rng.standard_normal(150).astype(np.float32)
-    b = pad_vector(rng.standard_normal(64 * 9 + 11).astype(np.float32))
-    k1 = Kernels(families[0])
-    want = np.empty(q.shape[0] * 64, np.float32)
-    k1.matvec_q8(q.ctypes.data, sc.ctypes.data, x.ctypes.data, b.ctypes.data, want.ctypes.data, 150, 0, q.shape[0])
-    ref = (q.transpose(0, 2, 1).reshape(-1, 150).astype(np.float64) @ x) * sc + b
-    assert np.abs(want - ref).max() < 1e-3
-    y = np.empty_like(want)
-    k1.run(*k1.matvec_job(q, x.ctypes.data, b.ctypes.data, y.ctypes.data, 150, q.shape[0], sc.ctypes.data))
-    assert np.array_equal(bits(y), bits(want))
-    for fam in families:
-        for threads in (1, 2, 3):
-            k = Kernels(fam, threads)
-            assert np.array_equal(bits(k.matvec(q, x, b, scale=sc)), bits(want)), (fam, threads)
-            k.close()
-    k1.close()
-
-
-def test_q8_plan_validation(families):
-    k = Kernels(families[0], 2)
-    q, sc = quantize_q8(np.ones((8, 128), np.float32))                    # [2][8][64], scale [128]
-    x, y = np.ones(8, np.float32), np.zeros(128, np.float32)
-    for scale in (None, sc[:64].copy(), sc.astype(np.float64), np.zeros((2, 64), np.float32)[:, ::2], [1.0] * 128):
-        with pytest.raises(InvalidArgumentError):
-            k.new_plan().matvec(q, x, None, y, scale=scale)               # missing, short, dtype, layout
-        with pytest.raises(InvalidArgumentError):
-            k.matvec(q, x, scale=scale)
-    with pytest.raises(InvalidArgumentError):
-        k.new_plan().matvec(tile_matrix(np.ones((8, 128), np.float32)), x, None, y, scale=sc)  # f32 + scale
-    with pytest.raises(InvalidArgumentError):
-        k.new_plan().matvec(q.view(np.uint8), x, None, y, scale=sc)        # unsigned bytes
-    with pytest.raises(InvalidArgumentError):
-        k.matvec_job(q, x.ctypes.data, None, y.ctypes.data, 8, 2)          # per-call path: no scale
-    kc = np.zeros((2, 16, 64), np.float32)
-    wq, sq = quantize_q8(np.ones((8, 3 * 128), np.float32))
-    with pytest.raises(InvalidArgumentError):
-        k.new_plan().qkv_attention(wq, np.zeros(384, np.float32), np.zeros(384, np.float32), kc, kc.copy(),
-                                   np.zeros(128, np.float32), ln=(x, x, x))   # int8 c_attn without scale
-    p = k.new_plan()
-    p.matvec(q, x, None, y, scale=sc)
-    k.run_plan(p.build())
-    assert np.array_equal(bits(y), bits(k.matvec(q, x, scale=sc)))
-    k.close()
-
-
-def test_q8_model_validation(ckpt_tiny, families):
-    """A q8 Transformer needs every scale, of the right size; f32/f16 weights take none."""
-    w32 = load_weights(ckpt_tiny, "f32")
-    k = Kernels(families[0])
-    for breaks in ("missing", "short", "f32-with-scale"):
-        w = q8_weights(w32)
-        if breaks == "missing":
-            del w.layers[1].fc_s
-        elif breaks == "short":
-            w.head_s = w.head_s[:-64].copy()
-        else:
-            w = copy.copy(w32)
-            w.layers = [copy.copy(L) for L in w32.layers]
-            w.layers[0].attn_s = np.ones(3 * w32.config.n_embd, np.float32)
-        with pytest.raises(InvalidArgumentError):
-            Transformer(w, k)
-    k.close()
-
-
-def test_q8_model_on_the_emulated_avx512_plan(tiny_q8, families):
-    """int8 steps through gpt2asm_plan_run_avx512 on the emulated CPU: the native per-call bits."""
-    w, ids, ref = tiny_q8
-    with emulator() as emu:
-        model = Transformer(w, EmulatedAvx512(emu))
-        st = model.new_state()
-        for i, t in enumerate(ids[:2]):
-            assert np.array_equal(bits(model.step(st, t)[0]), bits(ref[i])), f"emulated q8 step {i}"
 
 
 def test_python_pool_waits_for_its_workers_when_the_caller_fails():

@@ -72,14 +72,14 @@ def test_encoder_uses_the_mirror():
     assert (encoder.POOL_BYTES, encoder.PLAN_HEADER, encoder.JOB_BYTES) == (abi.POOL_SIZE, abi.PL_HEADER,
                                                                             abi.J_SIZE)
     for name in ("KIND_MATVEC", "KIND_QKV", "KIND_ATTN", "KIND_MATMUL", "KIND_ROWLN", "KIND_ROWATTN",
-                 "PRO_LN", "PRO_EMBED", "FL_F16", "FL_Q8", "EPI_GELU", "EPI_RESID", "EPI_ARGMAX", "FL_ROWS",
+                 "PRO_LN", "PRO_EMBED", "FL_F16", "EPI_GELU", "EPI_RESID", "EPI_ARGMAX", "FL_ROWS",
                  "FL_KV", "FL_KV16", "ROWATTN_ROWS", "CTX_SEQ", "CTX_SEQ_SLEEPERS", "CTX_NTHREADS",
                  "CTX_SPIN", "CTX_YIELD", "CTX_PARKS", "FL_Q0", "KIND_ROWQUANT"):
         assert getattr(encoder, name) == getattr(abi, name), name
     assert sorted(abi.KINDS.values()) == list(range(abi.KIND_COUNT))
     # a flag's mask is its bit
     for b, mask in (("B_PRO_LN", "PRO_LN"), ("B_PRO_EMBED", "PRO_EMBED"), ("B_F16", "FL_F16"),
-                    ("B_Q8", "FL_Q8"), ("B_ROWS", "FL_ROWS"), ("B_KV", "FL_KV"), ("B_KV16", "FL_KV16"),
+                    ("B_ROWS", "FL_ROWS"), ("B_KV", "FL_KV"), ("B_KV16", "FL_KV16"),
                     ("B_EPI_GELU", "EPI_GELU"), ("B_Q0", "FL_Q0")):
         assert 1 << getattr(abi, b) == getattr(abi, mask), (b, mask)
 
@@ -112,7 +112,7 @@ def test_encoded_record_layout():
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
 @pytest.mark.parametrize("edit, message", [
     ("#define J_LDR              152", "#define J_LDR              196"),        # over the counters
-    ("#define J_SCALE            128", "#define J_SCALE            260"),        # outside the record
+    ("#define J_LDX              136", "#define J_LDX              260"),        # outside the record
     ("#define PL_ARGMAX          112", "#define PL_ARGMAX          116"),        # misaligned
 ])
 def test_guards_refuse_a_bad_header(tmp_path, edit, message):

@@ -1,7 +1,7 @@
 """Batched prefill (Transformer.prefill, the plan's MATMUL / ROWLN / ROWATTN jobs, docs/kernels.md).
 
 Contract: prefill(state, tokens) gives the logits of the last token and the KV cache of cached steps
-bit for bit -- for f32, f16 and q8 weights, every thread count, prompts of any length (chunks of
+bit for bit -- for f32 and f16 weights (q8_0 / q4_0: test_q0_model.py), every thread count, prompts of any length (chunks of
 PREFILL_ROWS rows, a last chunk of one row), from an empty or a filled cache (and step() continues
 from it identically), natively and on the emulated AVX-512 CPU; the row jobs refuse what does not fit
 before any address reaches assembly; bad token lists raise typed errors and leave the state unchanged.
@@ -23,11 +23,10 @@ from gpt2asm import ContextOverflowError, InvalidArgumentError
 from gpt2asm.kernels import Kernels
 from gpt2asm.pool import Pool
 from gpt2asm.model import PREFILL_ROWS, Transformer
-from gpt2asm.quant import quantize_q8
 from gpt2asm.weights import load_weights, pad_vector, tile_matrix
 
 import oracle
-from test_plan import EmulatedAvx512, bits, emulator, q8_weights
+from test_plan import EmulatedAvx512, bits, emulator
 
 EMULATED = IS_ARM and qemu_config() is not None          # numpy and the kernels run under qemu: slow
 LENGTHS = [1, 2, 5, 9, 20] if EMULATED else [1, 2, 5, 7, 64, 130]
@@ -57,10 +56,10 @@ def same_cache(a, b, n: int) -> bool:
             and np.array_equal(bits(a.v[:, :, :n]), bits(b.v[:, :, :n])))
 
 
-@pytest.fixture(scope="module", params=["f32", "f16", "q8"])
+@pytest.fixture(scope="module", params=["f32", "f16"])
 def tiny(request, ckpt_tiny, families):
     """Weights of one dtype and the cached-step reference (-j 1) for every prompt length."""
-    w = q8_weights(load_weights(ckpt_tiny, "f32")) if request.param == "q8" else load_weights(ckpt_tiny, request.param)
+    w = load_weights(ckpt_tiny, request.param)
     k = Kernels(families[0])
     model = Transformer(w, k)
     ref = {n: cached_steps(model, prompt(n, seed=n)) for n in LENGTHS}
@@ -105,12 +104,11 @@ def test_forward_equals_cached_steps(tiny, families, threads):
         k.close()
 
 
-@pytest.mark.parametrize("dtype", ["f32", "q8"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_prefill_after_steps_then_steps(ckpt_tiny, families, dtype):
     """Prefill from a filled cache (pos0 > 0), across a chunk boundary and with a last chunk of one row;
     step() then continues exactly as after cached steps."""
-    w = load_weights(ckpt_tiny, "f32")
-    w = q8_weights(w) if dtype == "q8" else w
+    w = load_weights(ckpt_tiny, dtype)
     head, body, tail = prompt(3, 1), prompt(PREFILL_ROWS + 1, 2), prompt(4, 3)
     want, want_st = reference_steps(w, families[0], head + body + tail)
     for threads in (1, 2):
@@ -127,7 +125,7 @@ def test_prefill_after_steps_then_steps(ckpt_tiny, families, dtype):
         k.close()
 
 
-@pytest.mark.parametrize("dtype", ["f32", "q8"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_prefill_of_a_one_layer_model(tokenizer_dir, families, dtype):
     """The prefill runs the last layer's rows only up to its cache rows, and the step plan's jobs of that
     layer for the last token: with one layer that is layer 0, whose step job also adds the embedding.
@@ -135,8 +133,7 @@ def test_prefill_of_a_one_layer_model(tokenizer_dir, families, dtype):
     from conftest import checkpoint
     d = checkpoint("one-layer-hf", tokenizer_dir, size="tiny", n_layer=1, n_ctx=PREFILL_ROWS + 16, seed=5,
                    layout="hf")
-    w = load_weights(d, "f32")
-    w = q8_weights(w) if dtype == "q8" else w
+    w = load_weights(d, dtype)
     assert w.config.n_layer == 1
     ids = prompt(9 if EMULATED else PREFILL_ROWS + 3, 6)
     want, want_st = reference_steps(w, families[0], ids)
@@ -211,13 +208,13 @@ def per_call_kernels(fam: str, threads: int) -> Kernels:
     return k
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_prefill_reference_equals_cached_steps(ckpt_tiny, families, dtype):
     """The per-call prefill (oracle.prefill_reference: LayerNorm / attention / GELU kernel calls per
     row, the matmul kernels over the rows with the tiles split over Kernels.run, numpy adds and cache
     copies) on every family at -j 1 and 2, after a first prefill (pos > 0): the logits and KV cache of
     cached steps, and step() continues identically.  Natively on x86 too (per_call_kernels)."""
-    w = q8_weights(load_weights(ckpt_tiny, "f32")) if dtype == "q8" else load_weights(ckpt_tiny, dtype)
+    w = load_weights(ckpt_tiny, dtype)
     head, body, tail = prompt(3, 11), prompt(13 if EMULATED else 37, 12), prompt(2, 13)
     want, want_st = reference_steps(w, families[0], head + body + tail)
     n = len(head + body)
@@ -267,7 +264,6 @@ def test_row_job_validation(families):
     x, y = np.zeros((R, C), np.float32), np.zeros((R, 3 * C), np.float32)
     kc = np.zeros((2, 16, 64), np.float32)
     vc = kc.copy()
-    q8, s8 = quantize_q8(np.ones((C, 64), np.float32))
     bad = [
         lambda p: p.matmul(W, x[:, :100].copy(), None, y),                       # rows narrower than n_in
         lambda p: p.matmul(W, x, None, y[:, :300].copy()),                       # outputs don't fit
@@ -280,8 +276,7 @@ def test_row_job_validation(families):
         lambda p: p.matmul(W, x, None, y, kv=(kc[:1].copy(), vc[:1].copy())),   # tiles != 3H
         lambda p: p.matmul(W, x, None, y, kv=(kc, vc), gelu=True),               # kv takes no epilogue
         lambda p: p.matmul(W, x, None, y, kv=(kc, vc[:, :8].copy())),            # v != k
-        lambda p: p.matmul(q8, x, None, y),                                      # int8 without scale
-        lambda p: p.matmul(q8, x, None, y, scale=s8[:32].copy()),
+        lambda p: p.matmul(W.astype(np.int8), x, None, y),                       # no int8 weights
         lambda p: p.rows_layernorm(x, np.ones(C, np.float32), np.zeros(C - 1, np.float32), x.copy()),
         lambda p: p.rows_layernorm(x, np.ones(C, np.float32), np.zeros(C, np.float32), y[:, :64].copy()),
         lambda p: p.rows_attention(x, kc, vc, x),                                # out overlaps q
@@ -314,13 +309,12 @@ def test_checked_matmul_equals_matvec_rows(families):
     W = rng.standard_normal((96, 64 * 6 + 5)).astype(np.float32)
     X = rng.standard_normal((11, 96)).astype(np.float32)
     b = pad_vector(rng.standard_normal(64 * 6 + 5).astype(np.float32))
-    q, sc = quantize_q8(W)
     for fam in families:
         for threads in (1, 3):
             k = Kernels(fam, threads)
-            for w, s in ((tile_matrix(W), None), (tile_matrix(W, np.float16), None), (q, sc)):
-                Y = k.matmul(w, X, b, scale=s)
-                rows = np.stack([k.matvec(w, X[t].copy(), b, scale=s) for t in range(len(X))])
+            for w in (tile_matrix(W), tile_matrix(W, np.float16)):
+                Y = k.matmul(w, X, b)
+                rows = np.stack([k.matvec(w, X[t].copy(), b) for t in range(len(X))])
                 assert np.array_equal(bits(Y), bits(rows)), (fam, threads, w.dtype)
             k.close()
 
@@ -328,11 +322,10 @@ def test_checked_matmul_equals_matvec_rows(families):
 @pytest.mark.skipif(IS_ARM, reason="x86-64 only (the AVX-512 emulator)")
 def test_prefill_on_the_emulated_avx512_plan(ckpt_tiny):
     """The prefill plan through gpt2asm_plan_run_avx512 (matmul_avx512 kernels) on the emulated CPU:
-    the native cached steps' logits and cache, fp32 and q8, 5 tokens after 2."""
-    w32 = load_weights(ckpt_tiny, "f32")
+    the native cached steps' logits and cache, fp32 and fp16, 5 tokens after 2."""
     ids = prompt(7, 9)
     with emulator() as emu:
-        for w in (w32, q8_weights(w32)):
+        for w in (load_weights(ckpt_tiny, "f32"), load_weights(ckpt_tiny, "f16")):
             native = Kernels("avx2")
             want, want_st = cached_steps(Transformer(w, native), ids)
             native.close()

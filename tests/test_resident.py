@@ -36,7 +36,7 @@ def run(model, ids):
     return np.stack([model.step(s, t)[0].copy() for t in ids]), s
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_adopted_copies_give_the_same_logits(ckpt_tiny, tmp_path, dtype, threads, monkeypatch):
     monkeypatch.delenv("GPT2ASM_RESIDENT", raising=False)

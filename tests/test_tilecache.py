@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from gpt2asm import tilecache as tc
-from gpt2asm.errors import ModelNotFoundError
+from gpt2asm.errors import InvalidArgumentError, ModelNotFoundError
 from gpt2asm.weights import load_weights
 
 pytest.importorskip("safetensors.numpy")
@@ -84,7 +84,7 @@ def cache_path(cdir: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------
 # warm == cold
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "q8"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
 def test_warm_equals_cold_124m(ckpt_124m, tmp_path, dtype):
     t0 = time.perf_counter()
     cold = load_weights(ckpt_124m, dtype)
@@ -114,7 +114,7 @@ def test_warm_equals_cold_layouts_and_dtypes(tmp_path):
     t["lm_head.weight"] = (t["transformer.wte.weight"] * 0.5).astype(np.float32)
     save_file(t, untied / "model.safetensors")
     for d in (hf, f16, untied):
-        for dtype in ("f32", "f16", "q8"):
+        for dtype in ("f32", "f16", "q8_0"):
             cold = load_weights(d, dtype)
             for want in ("built", "warm"):
                 w, info = load(d, dtype, tmp_path / "cache")
@@ -200,9 +200,9 @@ def test_code_change_invalidates(ckpt, cdir, monkeypatch):
 
 
 def test_dtypes_have_their_own_files(ckpt, cdir):
-    for dt in ("f32", "f16", "q8"):
+    for dt in ("f32", "f16", "q8_0"):
         assert load(ckpt, dt, cdir)[1].status == "built"
-    for dt in ("f32", "f16", "q8"):
+    for dt in ("f32", "f16", "q8_0"):
         w, info = load(ckpt, dt, cdir)
         assert info.status == "warm" and w.dtype == dt
     assert len(list(cdir.glob("*.tiles"))) == 3
@@ -474,7 +474,7 @@ def test_mapped_cache_survives_replacement(ckpt, cdir):
 
 
 # ---------------------------------------------------------------------------------------------------
-# another weight format plugs in (the shape of the int8 one: int8 tiles + per-output float32 scales)
+# another weight format plugs in (here: int8 tiles + per-output float32 scales)
 
 @dataclasses.dataclass
 class _QLayer(tc.W.Layer):
@@ -499,7 +499,7 @@ def _toy_load(path, dtype):
     layers = []
     for L in w.layers:
         fc, fc_s = q(L.fc_w)
-        layers.append(_QLayer(**{**vars(L), "fc_w": fc, "fc_s": fc_s}))     # (Layer has fc_s now, too)
+        layers.append(_QLayer(**{**vars(L), "fc_w": fc, "fc_s": fc_s}))
     head, head_s = q(w.head_w)
     return _QWeights(**{**{f.name: getattr(w, f.name) for f in dataclasses.fields(w)},
                         "layers": layers, "head_w": head, "dtype": dtype, "head_s": head_s})
@@ -541,56 +541,26 @@ def test_fifo_in_place_of_the_cache_does_not_block(ckpt, cdir):
 
 
 # ---------------------------------------------------------------------------------------------------
-# q8: int8 tiles + per-output float32 scales, cached and mapped like f32 / f16
+# q8_0: block records (and wte, the dequantized q8_0 embedding), cached and mapped like f32 / f16
 
-Q8_SCALES = ("attn_s", "attn_proj_s", "fc_s", "proj_s")
-
-
-def _table(path: Path) -> dict:
-    raw = path.read_bytes()
-    hlen = tc._PREFIX.unpack(raw[:tc._PREFIX.size])[3]
-    return {a["name"]: a for a in json.loads(raw[tc._PREFIX.size:tc._PREFIX.size + hlen])["arrays"]}
-
-
-def test_q8_warm_equals_cold(ckpt, cdir):
-    cold = load_weights(ckpt, "q8")
-    assert cold.dtype == "q8" and cold.head_w.dtype == np.int8 and cold.head_s.dtype == np.float32
-    w, info = load(ckpt, "q8", cdir)
-    assert info.status == "built", info
-    assert_same(w, cold)
-    w, info = load(ckpt, "q8", cdir)
-    assert info.status == "warm", info
-    assert_same(w, cold)                               # int8 tiles and scales: the same bits, mapped
-    for L in w.layers:
-        for name in Q8_SCALES:
-            s = getattr(L, name)
-            assert s.dtype == np.float32 and not s.flags.writeable
-            assert s.shape == (getattr(L, name[:-2] + "_w").shape[0] * 64,)
-        assert L.fc_w.dtype == np.int8 and not L.fc_w.flags.writeable
-    assert not w.head_s.flags.writeable and w.head_s.shape == (w.head_w.shape[0] * 64,)
-    table = _table(cache_path(cdir))
-    want = {f"h.{i}.{n}" for i in range(len(w.layers)) for n in Q8_SCALES} | {"head_s"}
-    assert want <= table.keys() and all(table[n]["dtype"] == "<f4" for n in want)
-    assert all(table[n]["dtype"] == "|i1" for n in table if n.endswith("_w"))
-    assert w.nbytes == cold.nbytes
-
-
-def test_q8_expected_covers_every_stored_array(ckpt):
-    """The layout's expected table is exactly what the cold q8 loader stores: no array is left to the
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_q0_expected_covers_every_stored_array(ckpt, dtype):
+    """The layout's expected table is exactly what the cold loader stores: no array is left to the
     permissive 'extra' rule."""
-    w = load_weights(ckpt, "q8")
+    w = load_weights(ckpt, dtype)
     ld = tc.W._Loader(tc.W.SafetensorsFile(ckpt / "model.safetensors"), ckpt / "config.json")
-    exp = tc.LAYOUTS["q8"].expected(ld, "q8")
-    stored = tc.LAYOUTS["q8"].stored(w)
+    exp = tc.LAYOUTS[dtype].expected(ld, dtype)
+    stored = tc.LAYOUTS[dtype].stored(w)
     assert stored.keys() == exp.keys()
     for name, a in stored.items():
         assert (a.dtype, a.shape) == exp[name], name
+    assert all(a.dtype == np.uint8 for n, a in stored.items() if n.endswith("_w"))
 
 
 @pytest.mark.parametrize("change", ["mtime", "rewrite", "in-place", "config", "quantiser"])
-def test_q8_stale_cache_is_never_used(ckpt, cdir, monkeypatch, change):
-    old, _ = load(ckpt, "q8", cdir)
-    old_bytes = old.head_w.tobytes() + old.head_s.tobytes()
+def test_q8_0_stale_cache_is_never_used(ckpt, cdir, monkeypatch, change):
+    old, _ = load(ckpt, "q8_0", cdir)
+    old_bytes = old.head_w.tobytes() + old.wte.tobytes()
     f = ckpt / "model.safetensors"
     if change == "mtime":
         st = f.stat()
@@ -611,59 +581,53 @@ def test_q8_stale_cache_is_never_used(ckpt, cdir, monkeypatch, change):
         cfg = json.loads((ckpt / "config.json").read_text())
         cfg["note"] = "changed"
         (ckpt / "config.json").write_text(json.dumps(cfg))
-    else:                                                  # another quantiser: gpt2asm/quant.py is in the key
-        assert "gpt2asm.quant" in tc.LAYOUTS["q8"].modules
-        mods = ("gpt2asm.tilecache",) + tuple(tc.LAYOUTS["q8"].modules)
+    else:                                                  # another quantiser: gpt2asm/quant0.py is in the key
+        assert "gpt2asm.quant0" in tc.LAYOUTS["q8_0"].modules
+        mods = ("gpt2asm.tilecache",) + tuple(tc.LAYOUTS["q8_0"].modules)
         assert mods in tc._code_hashes
         monkeypatch.setitem(tc._code_hashes, mods, "0" * 64)
-    w, info = load(ckpt, "q8", cdir)
+    w, info = load(ckpt, "q8_0", cdir)
     assert info.status == "built" and "stale" in info.reason, info
-    assert_same(w, load_weights(ckpt, "q8"))
+    assert_same(w, load_weights(ckpt, "q8_0"))
     if change in ("rewrite", "in-place"):
-        assert w.head_w.tobytes() + w.head_s.tobytes() != old_bytes
-    assert load(ckpt, "q8", cdir)[1].status == "warm"
+        assert w.head_w.tobytes() + w.wte.tobytes() != old_bytes
+    assert load(ckpt, "q8_0", cdir)[1].status == "warm"
 
 
-def test_q8_quantiser_change_leaves_f32_warm(ckpt, cdir, monkeypatch):
+def test_q8_0_quantiser_change_leaves_f32_warm(ckpt, cdir, monkeypatch):
     load(ckpt, "f32", cdir)
-    load(ckpt, "q8", cdir)
-    mods = ("gpt2asm.tilecache",) + tuple(tc.LAYOUTS["q8"].modules)
+    load(ckpt, "q8_0", cdir)
+    mods = ("gpt2asm.tilecache",) + tuple(tc.LAYOUTS["q8_0"].modules)
     monkeypatch.setitem(tc._code_hashes, mods, "0" * 64)
     assert load(ckpt, "f32", cdir)[1].status == "warm"
-    assert load(ckpt, "q8", cdir)[1].status == "built"
+    assert load(ckpt, "q8_0", cdir)[1].status == "built"
 
 
-Q8_CORRUPTIONS = {
-    "scale-dtype": _table_edit(_set("h.0.fc_s", "dtype", "<f2")),
-    "scale-shape": _table_edit(_set("head_s", "shape", lambda a: [a["shape"][0] - 64])),
-    "scale-missing": _table_edit(lambda h: h["arrays"].remove(
-        next(a for a in h["arrays"] if a["name"] == "h.1.proj_s"))),
-    "tile-dtype": _table_edit(_set("h.0.attn_w", "dtype", "<f4")),
-    "scale-out-of-file": _table_edit(_set("head_s", "offset", lambda a: a["offset"] + (1 << 30))),
-    "scale-overlaps-tiles": _table_edit(lambda h: next(a for a in h["arrays"] if a["name"] == "head_s").update(
-        offset=next(a for a in h["arrays"] if a["name"] == "head_w")["offset"])),
+Q0_CORRUPTIONS = {
+    "records-dtype": _table_edit(_set("h.0.attn_w", "dtype", "<f4")),
+    "records-shape": _table_edit(_set("head_w", "shape", lambda a: [a["shape"][0] - 1, *a["shape"][1:]])),
+    "records-missing": _table_edit(lambda h: h["arrays"].remove(
+        next(a for a in h["arrays"] if a["name"] == "h.1.proj_w"))),
+    "wte-out-of-file": _table_edit(_set("wte", "offset", lambda a: a["offset"] + (1 << 30))),
     "data-last-byte": _flip(-1),
     "truncated": _truncate,
 }
 
 
-@pytest.mark.parametrize("how", sorted(Q8_CORRUPTIONS))
-def test_q8_corrupt_cache_is_rebuilt(ckpt, cdir, how):
-    check_rebuilt(ckpt, cdir, "q8", Q8_CORRUPTIONS[how])
+@pytest.mark.parametrize("how", sorted(Q0_CORRUPTIONS))
+def test_q8_0_corrupt_cache_is_rebuilt(ckpt, cdir, how):
+    check_rebuilt(ckpt, cdir, "q8_0", Q0_CORRUPTIONS[how])
 
 
-@pytest.mark.parametrize("verify", [False, True])
-def test_q8_scale_corruption_is_caught(ckpt, cdir, monkeypatch, verify):
-    """A flipped byte in the middle of a scale array: the default check samples the first and last 4 KiB
-    of every array (all of a scale array of <= 8 KiB); $GPT2ASM_CACHE_VERIFY=1 checks every byte."""
-    monkeypatch.setattr(tc, "N_CACHE_SAMPLES", 2)       # so that only the per-array samples can see it
-    load(ckpt, "q8", cdir)
-    p = cache_path(cdir)
-    a = _table(p)["h.0.fc_s"]
-    assert a["nbytes"] <= 2 * tc.SAMPLE
-    _flip(a["offset"] + a["nbytes"] // 2 + 2)(p)
-    if verify:
-        monkeypatch.setenv("GPT2ASM_CACHE_VERIFY", "1")
-    w, info = load(ckpt, "q8", cdir)
-    assert info.status == "built" and ("samples" in info.reason or "CRC-32" in info.reason), info
-    assert_same(w, load_weights(ckpt, "q8"))
+def test_retired_dtype_cache_file_is_left_alone(ckpt, cdir):
+    """A tile-cache file of the retired int8 dtype (docs/notes.md) is never looked up again: loading
+    every current dtype works beside it, and asking for the old dtype is its InvalidArgumentError."""
+    load(ckpt, "f32", cdir)
+    old = cache_path(cdir)
+    retired = old.with_name(old.name.replace(".f32.", ".q8."))
+    retired.write_bytes(old.read_bytes()[:4096])               # any bytes: nothing reads them
+    for dt in ("f32", "f16", "q8_0"):
+        load(ckpt, dt, cdir)
+        assert load(ckpt, dt, cdir)[1].status == "warm"
+    with pytest.raises(InvalidArgumentError, match="'q8' was retired: use 'q8_0'"):
+        load(ckpt, "q8", cdir)

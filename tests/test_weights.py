@@ -234,57 +234,18 @@ def test_round_trip(small_ckpts, layout, stored, engine_dtype):
         assert a.dtype == np.float32
     if w.wte_is_mapped:                                         # zero-copy view of the file: read-only
         assert stored == "f32" and not w.wte.flags.writeable
-    assert w.head_s is None and all(getattr(L, s) is None for L in w.layers for s in Q8_SCALES)   # q8 only
 
 
-Q8_SCALES = ("attn_s", "attn_proj_s", "fc_s", "proj_s")
-
-
-@pytest.mark.parametrize("layout,stored", [("hf", "f32"), ("hub", "f16")])
-def test_round_trip_q8(small_ckpts, layout, stored):
-    """dtype 'q8': every block matrix and the head are gpt2asm.quant's int8 tiles + scales of the stored
-    weights (exactly), everything else is what f32 gives; nbytes counts the scales."""
-    from gpt2asm.quant import quantize_q8, quantize_q8_head
-    d = small_ckpts[layout, stored]
-    src = source(d)
-    w, f = load_weights(d, "q8"), load_weights(d, "f32")
-    assert w.dtype == "q8" and w.source_dtype == f.source_dtype and w.tied_head
-    for i, layer in enumerate(w.layers):
-        for attr, name in BLOCK_MATS.items():
-            q, s = quantize_q8(src[f"h.{i}.{name}"])
-            got_q, got_s = getattr(layer, attr), getattr(layer, attr[:-2] + "_s")
-            assert got_q.dtype == np.int8 and got_s.dtype == np.float32
-            assert got_q.tobytes() == q.tobytes() and got_s.tobytes() == s.tobytes(), (i, attr)
-            assert got_q.shape == getattr(f.layers[i], attr).shape and got_s.shape == (got_q.shape[0] * 64,)
-            assert addr(got_q) % 64 == 0 and addr(got_s) % 64 == 0
-        for attr in BLOCK_VECS:
-            assert getattr(layer, attr).tobytes() == getattr(f.layers[i], attr).tobytes()
-    q, s = quantize_q8_head(src["wte.weight"])
-    assert w.head_w.tobytes() == q.tobytes() and w.head_s.tobytes() == s.tobytes()
-    assert w.head_w.shape == (2, 128, 64) and not w.head_w[1, :, 36:].any() and not w.head_s[100:].any()
-    for name in ("wte", "wpe", "ln_f_g", "ln_f_b"):
-        assert getattr(w, name).tobytes() == getattr(f, name).tobytes() and getattr(w, name).dtype == np.float32
-    scales = sum(getattr(L, s).nbytes for L in w.layers for s in Q8_SCALES) + w.head_s.nbytes
-    assert scales == 4 * 64 * (2 * (6 + 2 + 8 + 2) + 2)                   # [3C, C, 4C, C] x 2 layers + head
-    mats = lambda x: sum(getattr(L, a).nbytes for L in x.layers for a in BLOCK_MATS) + x.head_w.nbytes  # noqa
-    assert mats(w) * 4 == mats(f)                                         # one byte per weight
-    assert w.nbytes == f.nbytes - mats(f) + mats(w) + scales
-
-
-def test_q8_untied_head_and_bad_dtypes(tmp_path, small_ckpts):
-    from gpt2asm.quant import quantize_q8_head
-    t = safetensors_numpy.load_file(small_ckpts["hf", "f32"] / "model.safetensors")
-    t["lm_head.weight"] = (t["transformer.wte.weight"] * 0.5).astype(np.float32)
-    safetensors_numpy.save_file(t, tmp_path / "model.safetensors")
-    shutil.copy(small_ckpts["hf", "f32"] / "config.json", tmp_path)
-    w = load_weights(tmp_path, "q8")
-    q, s = quantize_q8_head(t["lm_head.weight"])
-    assert not w.tied_head and w.head_w.tobytes() == q.tobytes() and w.head_s.tobytes() == s.tobytes()
-    for bad in ("q4", "int8", "F32", None, np.int8):
-        with pytest.raises(InvalidArgumentError, match="'f32', 'f16', 'q8'"):
-            load_weights(tmp_path, bad)
+def test_bad_dtypes(small_ckpts):
+    d = small_ckpts["hf", "f32"]
+    for bad in ("q4", "F32", None, np.int8):
+        with pytest.raises(InvalidArgumentError, match="'f32', 'f16', 'q8_0' or 'q4_0'"):
+            load_weights(d, bad)
+    for old in ("q8", "int8"):                                   # retired (docs/notes.md): named successor
+        with pytest.raises(InvalidArgumentError, match=f"dtype '{old}' was retired: use 'q8_0'"):
+            load_weights(d, old)
     with pytest.raises(InvalidArgumentError):
-        tile_matrix(np.ones((4, 64), np.float32), "q8")          # int8 tiles come from gpt2asm.quant only
+        tile_matrix(np.ones((4, 64), np.float32), "q8_0")        # records come from gpt2asm.quant0 only
 
 
 def test_load_file_path_and_inferred_config(ck):

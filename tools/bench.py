@@ -69,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 PROMPT = "Alan Turing theorized that computers would one day become"
-LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8": "Q8_0", "q8_0": "Q8_0", "q4_0": "Q4_0"}
+LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
 Q0_DTYPES = ("q8_0", "q4_0")
 Q0_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}       # bytes per block of 32 weights, its fp16 scale included
 WORKER_TIMEOUT = 1200
@@ -259,7 +259,7 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
 
     from gpt2asm.resident import matrix_slots
     m, load_s, detail = _build(Path(model), dtype, isa, threads, cache)
-    mats = [getattr(o, n, None) for o, n in matrix_slots(m.model.w)]          # matrices and int8 scales
+    mats = [getattr(o, n, None) for o, n in matrix_slots(m.model.w)]          # the matrices
     nbytes = sum(a.nbytes for a in mats if a is not None)
     out = {"weight_bytes": nbytes, "load_s": load_s, **detail}
     if dtype in Q0_DTYPES:                            # the blocks' bytes (the records may hold padding)
@@ -692,11 +692,6 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def q8_supported() -> bool:
-    from gpt2asm.engine import DTYPES
-    return "q8" in DTYPES
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -708,7 +703,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--isa", default=None, help="kernel families (default: every one this CPU has)")
     ap.add_argument("--dtypes", default=None,
-                    help="default f32,f16 and those of q8,q8_0,q4_0 the engine knows (a dtype the build cannot "
+                    help="default f32,f16 and those of q8_0,q4_0 the engine knows (a dtype the build cannot "
                          "run yet is skipped with a note)")
     ap.add_argument("--batch", default=None, metavar="B,..",
                     help="concurrent greedy streams of the batch table (default 1,2,4,8,16,32; quick 1,2,4,8)")
@@ -741,9 +736,15 @@ def main(argv=None) -> int:
     prompt_len = a.prompt if a.prompt is not None else (128 if a.quick else 512)
     threads = [int(t) for t in a.threads.split(",")]
     fams = a.isa.split(",") if a.isa else available_families()
-    q8 = q8_supported()
     from gpt2asm.engine import DTYPES
-    dtypes = a.dtypes.split(",") if a.dtypes else ["f32", "f16"] + [d for d in ("q8", *Q0_DTYPES) if d in DTYPES]
+    dtypes = a.dtypes.split(",") if a.dtypes else ["f32", "f16"] + [d for d in Q0_DTYPES if d in DTYPES]
+    from gpt2asm.args import not_retired
+    from gpt2asm.errors import GPT2AsmError
+    try:
+        for d in dtypes:
+            not_retired(d)                                # named with its successor, before any run
+    except GPT2AsmError as e:
+        ap.error(f"--dtypes: {e}")
     batches = [int(b) for b in (a.batch or ("1,2,4,8" if a.quick else ",".join(map(str, BATCHES)))).split(",")]
     if not batches or min(batches) < 1:
         ap.error("--batch: positive stream counts")
@@ -764,7 +765,7 @@ def main(argv=None) -> int:
         print(f"[bench] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(), "cpu": cpu_name(),
                  "cores": os.cpu_count(), "families": fams, "model": str(d), "tokens": tokens,
-                 "prompt_len": prompt_len, "threads": threads, "dtypes": dtypes, "q8_in_engine": q8,
+                 "prompt_len": prompt_len, "threads": threads, "dtypes": dtypes,
                  "decode_weights": a.cache}
 
     say("read bandwidth, FMA peak")
@@ -1000,13 +1001,11 @@ def main(argv=None) -> int:
               "median of read time / step time; the best of the row's runs): the share of the bus a step "
               "reaches with both under the same load from the machine's neighbours.",
               f"- llama.cpp: {llama_note}; tg128 = `-n 128 -p 0`, TTFT = {prompt_len} / pp{prompt_len} "
-              f"(`-n 0 -p {prompt_len}`), same thread count; q8 and q8_0 compare with Q8_0, q4_0 with Q4_0 (llama-quantize of the F32 GGUF).",
+              f"(`-n 0 -p {prompt_len}`), same thread count; q8_0 compares with Q8_0, q4_0 with Q4_0 (llama-quantize of the F32 GGUF).",
               "- PyTorch: " + ((", ".join(f"-j {j}: {v.get('error') or 'torch ' + v.get('version', '?')}"
                                           for j, v in torch_res.items())
                                 + f"; transformers fp32 generate() of {t200} tokens; TTFT = one forward over "
-                                f"{prompt_len} tokens.") if torch_res else "skipped (--no-torch)."),
-              "- q8: " + ("measured" if "q8" in dtypes else "not in --dtypes" if q8 else
-                          "the engine has no dtype='q8' (gpt2asm.engine.DTYPES): skipped")]
+                                f"{prompt_len} tokens.") if torch_res else "skipped (--no-torch).")]
     same = [x.get("prefill_identical") for r in rows for x in r["runs"] if "prefill_identical" in x]
     lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
                  "batched prefill; last-token logits of both bit-identical: "

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Greedy parity with Hugging Face transformers (PyTorch, fp32): prints ALL PASS or what differs.
 
-    python tools/verify.py --model DIR [--dtype f32|f16|q8|q8_0|q4_0] [--kv f32|f16] [-s ISA] [-j N]
+    python tools/verify.py --model DIR [--dtype f32|f16|q8_0|q4_0] [--kv f32|f16] [-s ISA] [-j N]
 
 - 12 tokenizer cases: our ids must equal GPT2TokenizerFast's;
 - 4 prompts x 40 greedy tokens: our ids must equal GPT2LMHeadModel.generate's (fp32, greedy).
   Each prompt also reports the greedy agreement (tokens equal before the first difference, and at equal
   positions) and the max |logit error| over the prompt + transformers' 40 tokens: against transformers,
   and for the other dtypes against our own f32 logits (also relative to the f32 logits' standard deviation).
-  f32 and f16 must match exactly; q8, q8_0 and q4_0 (quantised weights -- and for q8_0 / q4_0 activations:
+  f32 and f16 must match exactly; q8_0 and q4_0 (quantised weights -- and for q8_0 / q4_0 activations:
   the logits change by far more than fp32 rounding) may legitimately pick other tokens, so for them the
   agreement is reported, not judged.
 Needs the test-only dependencies transformers and torch (`make test-deps`).
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from gpt2asm.__main__ import dtype_arg  # noqa: E402
 from tokenizer_cases import VERIFY_CASES  # noqa: E402
 
 PROMPTS = ["Alan Turing theorized that computers would one day become",
@@ -46,8 +47,8 @@ def hf_tokenizer(model_dir: Path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.environ.get("GPT2ASM_MODEL", "."), help="model directory")
-    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8", "q8_0", "q4_0"],
-                    help="weight dtype (q8, q8_0, q4_0: greedy agreement reported, not required)")
+    ap.add_argument("--dtype", default="f32", type=dtype_arg, choices=["f32", "f16", "q8_0", "q4_0"],
+                    help="weight dtype (q8_0, q4_0: greedy agreement reported, not required)")
     ap.add_argument("--kv", default=None, choices=["f32", "f16"],
                     help="KV cache dtype (default: f32 with f32 weights, f16 with the others)")
     ap.add_argument("-s", dest="isa", default=None, help="kernel family (default: best)")

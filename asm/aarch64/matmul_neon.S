@@ -1,17 +1,16 @@
 /*
  * asm/aarch64/matmul_neon.S -- batched (prefill) matrix-matrix products on the tiled weights, AArch64
- * Advanced SIMD (base ARMv8.0: fp16 weights widened by fcvtl/fcvtl2, int8 by sxtl/sxtl2 + scvtf).
+ * Advanced SIMD (base ARMv8.0: fp16 weights widened by fcvtl/fcvtl2).
  *
  *     Y[t][o] = sum_i W[o][i] * X[t][i] (+ b[o]),   for T tokens t and the outputs o of a tile range
  *
- * with the weights in exactly the layout of the matvec kernels ([n_tiles][n_in][64], fp32, fp16 or
- * int8 + per-output scale), and EACH (token, output) pair computed with the operation sequence of the
- * NEON matvec kernel of that dtype (docs/kernels.md, gpt2asm_matmul):
+ * with the weights in exactly the layout of the matvec kernels ([n_tiles][n_in][64], fp32 or fp16),
+ * and EACH (token, output) pair computed with the operation sequence of the NEON matvec kernel of that
+ * dtype (docs/kernels.md, gpt2asm_matmul):
  *     acc = +0.0;  for i in 0 .. n_in-1:  acc = fma((float)w[t][i][j], X[tok][i], acc)
- *     f32, f16:  y = acc + b[o]                    (y = acc when b is NULL)
- *     q8:        p = acc * scale[o];  y = p + b[o]  (y = p when b is NULL)
+ *     y = acc + b[o]                                (y = acc when b is NULL)
  * with the same instructions and operand roles (fmla vacc, vw, vx.s[lane]: the fused acc + w * x;
- * fmul acc, scale; fadd p, b), so every row of Y has the bits of gpt2asm_matvec_<dtype>_neon on that
+ * fadd acc, b), so every row of Y has the bits of gpt2asm_matvec_<dtype>_neon on that
  * row of X (NaN payloads included), and of the x86 kernels.
  *
  * Blocking.  For each tile (64 outputs) in [tile_begin, tile_end), for each block of 8 tokens, for each
@@ -24,22 +23,21 @@
  * groups of 4 alternating between two weight register sets (v8-v11, v12-v15).  No K-blocking: a tile is
  * streamed once per block of tokens (from L2 after the first).  Not measured on hardware.
  *
- * Registers (after the argument shuffle, the same for the three dtypes):
- *     x0  w: the current tile              x1  scale (+64*tile), q8 only     x2  X
+ * Registers (after the argument shuffle -- x1 .. x7 moved up one register -- the same for both dtypes):
+ *     x0  w: the current tile              x1  unused                        x2  X
  *     x3  ldx in bytes                     x4  b (+64*tile) or NULL          x5  y (+64*tile)
  *     x6  ldy in bytes                     x7  n_tokens                      x8  n_in
  *     x9  tiles left                       x10-x17  X cursors of tokens 0-7 (epilogue: x10 y cursor,
- *     x19 weight cursor                    x20 row counter                   x11 scale / b of the strip)
- *     x21 strip offset in bytes of y, b, scale (0 .. 224)                    x22 tokens left
+ *     x19 weight cursor                    x20 row counter                   x11 b of the strip)
+ *     x21 strip offset in bytes of y, b (0 .. 224)                           x22 tokens left
  *     x23 X of the current token block     x24 y of the current token block  x25 row stride in bytes
- *     v0-v7  X[tok][i .. i+3]   v8-v15  weights (epilogue: scale v8-v11, bias v12-v15)   v16-v31  sums
+ *     v0-v7  X[tok][i .. i+3]   v8-v15  weights (epilogue: bias v12-v15)   v16-v31  sums
  * x19-x25 and d8-d15 are saved (AAPCS64); x18 is never touched.
  */
 #include "asm.S"
 
 #define DT_F32 0
 #define DT_F16 1
-#define DT_Q8  2
 
         /* one row of the strip (8 or 16 weights at [x19], x19 += row stride) into v\wa, v\wb
          * (\nv = 2) or v\wa .. v\wd (\nv = 4), widened exactly to binary32, outputs in order */
@@ -61,27 +59,6 @@
         fcvtl   v\wc\().4s, v\wb\().4h                  // 8-11
         fcvtl2  v\wb\().4s, v\wa\().8h                  // 4-7
         fcvtl   v\wa\().4s, v\wa\().4h                  // 0-3
-        .endif
-        .else
-        .if \nv == 2
-        ld1     {v\wa\().8b}, [x19], x25
-        sxtl    v\wa\().8h, v\wa\().8b                  // 0-7 int16
-        sxtl2   v\wb\().4s, v\wa\().8h                  // 4-7 int32
-        sxtl    v\wa\().4s, v\wa\().4h                  // 0-3
-        scvtf   v\wa\().4s, v\wa\().4s                  // exact
-        scvtf   v\wb\().4s, v\wb\().4s
-        .else
-        ld1     {v\wa\().16b}, [x19], x25
-        sxtl2   v\wc\().8h, v\wa\().16b                 // 8-15 int16
-        sxtl    v\wa\().8h, v\wa\().8b                  // 0-7
-        sxtl2   v\wb\().4s, v\wa\().8h                  // 4-7 int32
-        sxtl    v\wa\().4s, v\wa\().4h                  // 0-3
-        sxtl2   v\wd\().4s, v\wc\().8h                  // 12-15
-        sxtl    v\wc\().4s, v\wc\().4h                  // 8-11
-        scvtf   v\wa\().4s, v\wa\().4s
-        scvtf   v\wb\().4s, v\wb\().4s
-        scvtf   v\wc\().4s, v\wc\().4s
-        scvtf   v\wd\().4s, v\wd\().4s
         .endif
         .endif
         .endm
@@ -164,16 +141,8 @@
         .endif
         .endm
 
-        /* epilogue of one token: (p = acc * scale;) y = p + b; y[tok][strip] = y; x10 += ldy */
+        /* epilogue of one token: y = acc + b; y[tok][strip] = y; x10 += ldy */
         .macro  mm_out1 dt, nv, bias, a0, a1, a2, a3
-        .if \dt == DT_Q8
-        fmul    v\a0\().4s, v\a0\().4s, v8.4s
-        fmul    v\a1\().4s, v\a1\().4s, v9.4s
-        .if \nv == 4
-        fmul    v\a2\().4s, v\a2\().4s, v10.4s
-        fmul    v\a3\().4s, v\a3\().4s, v11.4s
-        .endif
-        .endif
         .if \bias
         fadd    v\a0\().4s, v\a0\().4s, v12.4s
         fadd    v\a1\().4s, v\a1\().4s, v13.4s
@@ -234,7 +203,7 @@
         .endif
         .endm
 
-        /* one strip (4*\nv outputs at byte offset x21 of the tile's y / b / scale) for \mt tokens.
+        /* one strip (4*\nv outputs at byte offset x21 of the tile's y / b) for \mt tokens.
          * Local labels 20-26. */
         .macro  mm_strip dt, mt, nv
         .irp    a, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31
@@ -244,8 +213,6 @@
         add     x19, x0, x21                            // row 0 of the strip: 16 bytes per 4 outputs
         .elseif \dt == DT_F16
         add     x19, x0, x21, lsr #1                    // 8 bytes per 4 outputs
-        .else
-        add     x19, x0, x21, lsr #2                    // 4 bytes per 4 outputs
         .endif
         mov     x10, x23                                // X cursors, tokens 0 .. mt-1
         xc1     1, 11, 10, \mt
@@ -281,14 +248,6 @@
         b.ne    23b
 24:
         add     x10, x24, x21                           // &y[token 0 of the block][strip]
-        .if \dt == DT_Q8
-        add     x11, x1, x21
-        .if \nv == 2
-        ld1     {v8.4s, v9.4s}, [x11]                   // scale of the strip's outputs
-        .else
-        ld1     {v8.4s - v11.4s}, [x11]
-        .endif
-        .endif
         cbz     x4, 25f
         add     x11, x4, x21
         .if \nv == 2
@@ -326,11 +285,8 @@
         callee_d8_d15 stp, 64
         lsl     x3, x3, #2                              // ldx in bytes
         lsl     x6, x6, #2                              // ldy in bytes
-        lsl     x11, x9, #8                             // 64 floats = 256 bytes of y / b / scale per tile
+        lsl     x11, x9, #8                             // 64 floats = 256 bytes of y / b per tile
         add     x5, x5, x11                             // y += 64 * tile_begin
-        .if \dt == DT_Q8
-        add     x1, x1, x11                             // scale += 64 * tile_begin
-        .endif
         cbz     x4, 1f
         add     x4, x4, x11                             // b += 64 * tile_begin (only if non-NULL)
 1:
@@ -385,9 +341,6 @@
 8:                                                      // next tile
         add     x0, x0, x8, lsl #\rb
         add     x5, x5, #256
-        .if \dt == DT_Q8
-        add     x1, x1, #256
-        .endif
         cbz     x4, 5f
         add     x4, x4, #256
 5:
@@ -414,7 +367,7 @@
  */
 function gpt2asm_matmul_f32_neon, export=1
         ldp     x9, x10, [sp]                           // tile_begin, tile_end
-        mov_up  8, 7, 6, 5, 4, 3, 2, 1                  // x1-x7 into the q8 kernel's x2-x8
+        mov_up  8, 7, 6, 5, 4, 3, 2, 1                  // x1-x7 into x2-x8 (the registers above)
         matmul_body DT_F32, 8
 endfunc
 
@@ -425,17 +378,4 @@ function gpt2asm_matmul_f16_neon, export=1
         ldp     x9, x10, [sp]
         mov_up  8, 7, 6, 5, 4, 3, 2, 1
         matmul_body DT_F16, 7
-endfunc
-
-/*
- * void gpt2asm_matmul_q8_neon(const int8_t *w, const float *scale, const float *x, size_t ldx,
- *                             const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
- *                             size_t tile_begin, size_t tile_end);
- *   y[t*ldy + o] = acc * scale[o] + b[o] (two roundings; as gpt2asm_matvec_q8_neon).
- *   (x0-x7 as named, [sp] n_in, [sp+8] tile_begin, [sp+16] tile_end)
- */
-function gpt2asm_matmul_q8_neon, export=1
-        ldp     x8, x9, [sp]                            // n_in, tile_begin
-        ldr     x10, [sp, #16]                          // tile_end
-        matmul_body DT_Q8, 6
 endfunc

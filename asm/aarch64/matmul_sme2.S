@@ -7,17 +7,14 @@
  *   void gpt2asm_matmul_f16_sme2(const uint16_t *w, const float *x, size_t ldx, const float *b,
  *                                float *y, size_t ldy, size_t n_tokens, size_t n_in,
  *                                size_t tile_begin, size_t tile_end);
- *   void gpt2asm_matmul_q8_sme2(const int8_t *w, const float *scale, const float *x, size_t ldx,
- *                               const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
- *                               size_t tile_begin, size_t tile_end);
  *
  *     Y[t][o] = sum_i W[o][i] * X[t][i] (+ b[o]),   for n_tokens tokens t and the outputs o of a tile range
  *
- * Same ABI, layout and per-(token, output) operation sequence as gpt2asm_matmul_{f32,f16,q8}_{neon,avx2}
- * (docs/kernels.md, gpt2asm_matmul): with w tiled [n_tiles][n_in][64] (fp32, or binary16 / int8 widened
+ * Same ABI, layout and per-(token, output) operation sequence as gpt2asm_matmul_{f32,f16}_{neon,avx2}
+ * (docs/kernels.md, gpt2asm_matmul): with w tiled [n_tiles][n_in][64] (fp32, or binary16 widened
  * exactly)
  *     acc = +0.0;  for i in 0 .. n_in-1:  acc = fma((float)w[t][i][j], X[tok][i], acc)
- *     f32, f16:  y = acc + b[o]        q8:  p = acc * scale[o];  y = p + b[o]      (no b: y = acc, p)
+ *     y = acc + b[o]                   (no b: y = acc)
  * so every row of Y has the bits of the matvec kernels on that row of X (NaN payloads aside, as for
  * gpt2asm_matvec_*_sme2).
  *
@@ -35,23 +32,21 @@
  *   rows (p2), so rows of other tokens are neither read from X nor written in ZA; a last block of
  *   ni < V inputs loads ni elements a slice (p1) and runs ni rows.  binary16 weights: `ld1h {z.s}` puts
  *   each of V halves into the low half of a 32-bit lane, `fcvt z.s, p0/m, z.h` widens them exactly, in
- *   output order; int8: `ld1sb {z.s}` sign-extends each of V bytes into a lane, `scvtf` converts exactly.
- *   After the sums are read out of ZA, per token row: q8's scale (`fmul`: acc * scale, one rounding),
- *   the bias (`fadd`: + b, one rounding), then the row's 2V outputs are stored.
+ *   output order.
+ *   After the sums are read out of ZA, per token row: the bias (`fadd`: + b, one rounding), then the row's 2V outputs are stored.
  * Weight traffic: each pass reads its 2V-wide column strip of the tile once per block of V tokens (from
  * L2 after the first block).  Not measured on hardware (qemu only here).
  *
  * Streaming mode: smstart / smstop around the work (ZA dead on entry and exit: no lazy-save protocol);
  * d8-d15, which they zero, are saved on the stack.  Only instructions legal in streaming mode without
- * FEAT_SME_FA64: SVE contiguous loads and stores, fcvt, scvtf, fmul, fadd, whilelo, cntw, ZA loads,
+ * FEAT_SME_FA64: SVE contiguous loads and stores, fcvt, fadd, whilelo, cntw, ZA loads,
  * mova, fmopa, zero.  SVL 128, 256 and 512 bits (RDSVL); a larger one executes `brk #0x5e2` (Python picks the sme2
  * family only for those three).
- * Memory: reads x[t*ldx + i] for t < n_tokens, i < n_in only, the range's tiles of w and its b (and
- * scale) [64 tile_begin .. 64 tile_end); writes y[t*ldy + o] for t < n_tokens, 64 tile_begin <= o < 64 tile_end only.  Requires
+ * Memory: reads x[t*ldx + i] for t < n_tokens, i < n_in only, the range's tiles of w and its b
+ * [64 tile_begin .. 64 tile_end); writes y[t*ldy + o] for t < n_tokens, 64 tile_begin <= o < 64 tile_end only.  Requires
  * n_in >= 1; n_tokens = 0 or an empty tile range returns at once.  No alignment required.
  *
- * Registers (streaming section; q8's arguments are first moved into the f32 kernel's order, its scale
- * pointer to x17):
+ * Registers (streaming section):
  *     x0  w: the current tile          x1  X                         x2  ldx in bytes
  *     x3  b of the tile, or 0          x4  y of the tile             x5  ldy in bytes
  *     x6  n_tokens                     x7  n_in                      x8  tiles left
@@ -61,9 +56,8 @@
  *     x20 the pass's byte offset in b, y rows                        x21 t0: first token of the block
  *     x22 X row of t0                  x23 y row of t0               x24 i0: first input of the block
  *     x25 weight cursor (row i0 + j, the pass's strip)               x26 nv: tokens in the block
- *     x27 ni: inputs in the block      x28 SVL in bytes              x17 q8: scale of the tile
+ *     x27 ni: inputs in the block      x28 SVL in bytes
  *     z0  X[t0 ..][i]     z2, z3  the strip's 2V weights of row i     z4, z5  the pass's bias
- *     z8, z9  q8: the pass's scales
  *     z6, z7  read-out    p0 all-true .s   p1 the block's inputs   p2 the block's tokens
  * x18 is never touched.
  */
@@ -72,19 +66,7 @@
         .arch_extension sme2
 
         .macro  matmul_sme2 dt
-        .if \dt == 8                            // (w, scale, x, ldx, b, y, ldy, n_tokens; n_in, tile_begin,
-        mov     x17, x1                         //  tile_end on the stack) -> the f32 kernel's order
-        mov     x1, x2
-        mov     x2, x3
-        mov     x3, x4
-        mov     x4, x5
-        mov     x5, x6
-        mov     x6, x7
-        ldr     x7, [sp]                        // n_in
-        ldp     x8, x9, [sp, #8]                // tile_begin, tile_end
-        .else
         ldp     x8, x9, [sp]                    // tile_begin, tile_end (stack arguments)
-        .endif
         subs    x9, x9, x8                      // tiles in the range
         b.ls    99f                             // tile_end <= tile_begin: nothing to do
         cbz     x6, 99f                         // no tokens
@@ -96,13 +78,10 @@
         lsl     x5, x5, #2
         lsl     x16, x8, #8                     // 64 floats = 256 bytes of b / y per tile
         add     x4, x4, x16                     // y += 64 * tile_begin
-        .if \dt == 8
-        add     x17, x17, x16                   // scale += 64 * tile_begin
-        .endif
         cbz     x3, 1f
         add     x3, x3, x16                     // b += 64 * tile_begin (only if non-NULL)
 1:
-        mov     x10, #(\dt * 8)                 // bytes of a weight row: 256 (fp32), 128 (fp16), 64 (q8)
+        mov     x10, #(\dt * 8)                 // bytes of a weight row: 256 (fp32), 128 (fp16)
         mul     x16, x7, x10                    // bytes of a tile: n_in rows
         madd    x0, x8, x16, x0                 // w += tile_begin * tile bytes
         mov     x8, x9                          // tiles left
@@ -125,11 +104,6 @@
         ld1w    {z4.s}, p0/z, [x16]             // the pass's bias
         ld1w    {z5.s}, p0/z, [x16, #1, mul vl]
 4:
-        .if \dt == 8
-        add     x16, x17, x20
-        ld1w    {z8.s}, p0/z, [x16]             // the pass's scales
-        ld1w    {z9.s}, p0/z, [x16, #1, mul vl]
-        .endif
         mov     x21, #0                         // t0
         mov     x22, x1
         mov     x23, x4
@@ -165,11 +139,6 @@
         ld1h    {z3.s}, p0/z, [x25, #1, mul vl]
         fcvt    z2.s, p0/m, z2.h                // widened exactly
         fcvt    z3.s, p0/m, z3.h
-        .else
-        ld1sb   {z2.s}, p0/z, [x25]             // V int8, sign-extended into 32-bit lanes
-        ld1sb   {z3.s}, p0/z, [x25, #1, mul vl]
-        scvtf   z2.s, p0/m, z2.s                // exact (|w| <= 128)
-        scvtf   z3.s, p0/m, z3.s
         .endif
         add     x25, x25, x10
         fmopa   za0.s, p2/m, p0/m, z0.s, z2.s   // acc[t][o] = fma(x[t][i], w[i][o], acc[t][o])
@@ -185,10 +154,6 @@
 9:                                              // read out the block's rows
         mova    z6.s, p0/m, za0h.s[w14, 0]
         mova    z7.s, p0/m, za1h.s[w14, 0]
-        .if \dt == 8
-        fmul    z6.s, z6.s, z8.s                // p = acc * scale, one rounding
-        fmul    z7.s, z7.s, z9.s
-        .endif
         cbz     x3, 10f
         fadd    z6.s, z6.s, z4.s                // acc + b, one rounding
         fadd    z7.s, z7.s, z5.s
@@ -206,19 +171,14 @@
         b.lo    5b
         .if \dt == 32
         add     x19, x19, x28, lsl #1           // next pass: 2V weights further in the row
-        .elseif \dt == 16
-        add     x19, x19, x28
         .else
-        add     x19, x19, x28, lsr #1
+        add     x19, x19, x28
         .endif
         add     x20, x20, x28, lsl #1           // ... and 2V floats of b / y
         cmp     x20, #256
         b.lo    3b
         add     x0, x0, x9                      // next tile
         add     x4, x4, #256
-        .if \dt == 8
-        add     x17, x17, #256
-        .endif
         cbz     x3, 11f
         add     x3, x3, #256
 11:
@@ -240,8 +200,4 @@ endfunc
 
 function gpt2asm_matmul_f16_sme2, export=1
         matmul_sme2 16
-endfunc
-
-function gpt2asm_matmul_q8_sme2, export=1
-        matmul_sme2 8
 endfunc

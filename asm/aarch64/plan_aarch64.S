@@ -52,11 +52,11 @@
 #include "plan_abi.h"
 
 #ifdef GPT2ASM_ELF
-        .protected gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon, gpt2asm_matvec_q8_neon
+        .protected gpt2asm_matvec_f32_neon, gpt2asm_matvec_f16_neon
         .protected gpt2asm_matvec_f32_sme2, gpt2asm_matvec_f16_sme2, gpt2asm_layernorm_f32_neon
         .protected gpt2asm_gelu_f32_neon, gpt2asm_attention_f32_neon, gpt2asm_attention_f16_neon
-        .protected gpt2asm_matmul_f32_neon, gpt2asm_matmul_f16_neon, gpt2asm_matmul_q8_neon
-        .protected gpt2asm_matmul_f32_sme2, gpt2asm_matmul_f16_sme2, gpt2asm_matmul_q8_sme2
+        .protected gpt2asm_matmul_f32_neon, gpt2asm_matmul_f16_neon
+        .protected gpt2asm_matmul_f32_sme2, gpt2asm_matmul_f16_sme2
         .protected gpt2asm_argmax_f32_neon, gpt2asm_plan_run_neon, gpt2asm_plan_run_sme2
 #endif
 
@@ -380,31 +380,17 @@ endfunc
 .Lclaimed\@:
         .endm
 
-        /* x2 .. x7 = x1 .. x6, x1 = x15: the f32 / f16 kernels' arguments in the q8 kernels' order (their
-         * second argument is the scales, in x15) */
-        .macro  args_up
-        mov_up  7, 6, 5, 4, 3, 2, 1, 15
-        .endm
-
-        /* matvec (w = x0, x = x1, b = x2, y = x3, n_in = x4, tile_begin = x5, tile_end = x6; scales in x15)
-         * with the kernel of the job's dtype: gpt2asm_matvec_{f32,f16}_\isa, or gpt2asm_matvec_q8_neon
-         * after moving the arguments into its order (w, scale, x, b, y, n_in, tile_begin, tile_end);
-         * FL_Q0 (tested first: not in FL_DTYPE_MASK): the job's kernel J_FN with x = xq (job_prologue) as
-         * (w, xq, xd = xq + n_in, b, y, n_in, tile_begin, tile_end) */
+        /* matvec (w = x0, x = x1, b = x2, y = x3, n_in = x4, tile_begin = x5, tile_end = x6) with the
+         * kernel of the job's dtype: gpt2asm_matvec_{f32,f16}_\isa; FL_Q0 (tested first): the job's kernel
+         * J_FN with x = xq (job_prologue) as (w, xq, xd = xq + n_in, b, y, n_in, tile_begin, tile_end) */
         .macro  mv_call isa
         ldr     w9, [x21, #J_FLAGS]
         tbnz    w9, #B_Q0, .Lmv0\@
-        tst     w9, #FL_DTYPE_MASK
-        b.ne    .Lmv1\@
+        tbnz    w9, #B_F16, .Lmv1\@
         bl      SYM(gpt2asm_matvec_f32_\isa)
         b       .Lmv3\@
 .Lmv1\@:
-        tbz     w9, #B_F16, .Lmv2\@
         bl      SYM(gpt2asm_matvec_f16_\isa)
-        b       .Lmv3\@
-.Lmv2\@:
-        args_up
-        bl      SYM(gpt2asm_matvec_q8_neon)
         b       .Lmv3\@
 .Lmv0\@:
         mov_up  7, 6, 5, 4, 3, 2                // x7 .. x3 = x6 .. x2
@@ -415,28 +401,17 @@ endfunc
         .endm
 
         /* matmul (w = x0, x = x1, ldx = x2, b = x3, y = x4, ldy = x5, n_tokens = x6, n_in = x7, tile_begin,
-         * tile_end = [sp], [sp, #8]; scales in x15) with the kernel of the job's dtype:
-         * gpt2asm_matmul_{f32,f16,q8}_\isa; q8 takes
-         * (w, scale, x, ldx, b, y, ldy, n_tokens, n_in, tile_begin, tile_end); FL_Q0 (tested first): the
-         * job's kernel J_FN as (w, xq = x, ldq = ldx (bytes), xd = J_XD, ldd = J_LDD, b, y, ldy, n_tokens,
+         * tile_end = [sp], [sp, #8]) with the kernel of the job's dtype: gpt2asm_matmul_{f32,f16}_\isa;
+         * FL_Q0 (tested first): the job's kernel J_FN as (w, xq = x, ldq = ldx (bytes), xd = J_XD, ldd = J_LDD, b, y, ldy, n_tokens,
          * n_in, tile_begin, tile_end) */
         .macro  mm_call isa
         ldr     w9, [x21, #J_FLAGS]
         tbnz    w9, #B_Q0, .Lmm0\@
-        tst     w9, #FL_DTYPE_MASK
-        b.ne    .Lmm1\@
+        tbnz    w9, #B_F16, .Lmm1\@
         bl      SYM(gpt2asm_matmul_f32_\isa)
         b       .Lmm3\@
 .Lmm1\@:
-        tbz     w9, #B_F16, .Lmm2\@
         bl      SYM(gpt2asm_matmul_f16_\isa)
-        b       .Lmm3\@
-.Lmm2\@:
-        ldp     x9, x10, [sp]
-        stp     x9, x10, [sp, #8]               // tile_begin, tile_end
-        str     x7, [sp]                        // n_in
-        args_up
-        bl      SYM(gpt2asm_matmul_q8_\isa)
         b       .Lmm3\@
 .Lmm0\@:
         ldp     x9, x10, [sp]
@@ -462,7 +437,7 @@ endfunc
 .Latt32\@:
         .endm
 
-        /* the job's matvec over the claimed tiles [x27, x28): W (J_W, J_SCALE) times the input x24, plus
+        /* the job's matvec over the claimed tiles [x27, x28): W (J_W) times the input x24, plus
          * J_B, into J_Y */
         .macro  mv_claimed isa
         ldr     x0, [x21, #J_W]
@@ -472,7 +447,6 @@ endfunc
         ldr     x4, [x21, #J_NIN]
         mov     x5, x27
         mov     x6, x28
-        ldr     x15, [x21, #J_SCALE]
         mv_call \isa
         .endm
 
@@ -508,8 +482,6 @@ endfunc
         cbz     x2, .Lqtb\@
         add     x2, x2, x9, lsl #8              // b + 64 t (or 0)
 .Lqtb\@:
-        ldr     x15, [x21, #J_SCALE]
-        add     x15, x15, x9, lsl #8            // scale + 64 t (q8)
         ldr     x10, [sp, #F_H]
         ldr     x11, [x21, #J_A3]
         mul     x10, x10, x11
@@ -825,8 +797,6 @@ function kind_matmul_\isa
         ldr     x10, [x21, #J_TILEB]
         ldr     x0, [x21, #J_W]
         madd    x0, x9, x10, x0                 // the tile's weights
-        ldr     x15, [x21, #J_SCALE]
-        add     x15, x15, x9, lsl #8            // scale + 64 tau (q8)
         ldr     x3, [x21, #J_B]
         cbz     x3, 1f
         add     x3, x3, x9, lsl #8              // b + 64 tau

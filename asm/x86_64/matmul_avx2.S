@@ -3,31 +3,30 @@
  *
  *     Y[t][o] = sum_i W[o][i] * X[t][i] (+ b[o]),   for T tokens t and the outputs o of a tile range
  *
- * with the weights in exactly the layout of the matvec kernels ([n_tiles][n_in][64], fp32, fp16 or
- * int8 + per-output scale), and EACH (token, output) pair computed with the operation sequence of the
+ * with the weights in exactly the layout of the matvec kernels ([n_tiles][n_in][64], fp32 or fp16),
+ * and EACH (token, output) pair computed with the operation sequence of the
  * corresponding matvec kernel (docs/kernels.md, gpt2asm_matmul):
  *     acc = +0.0;  for i in 0 .. n_in-1:  acc = fma((float)w[t][i][j], X[tok][i], acc)
- *     f32, f16:  y = acc + b[o]                    (y = acc when b is NULL)
- *     q8:        p = acc * scale[o];  y = p + b[o]  (y = p when b is NULL)
+ *     y = acc + b[o]                                (y = acc when b is NULL)
  * so a prompt run through these kernels gives bit-for-bit the outputs of T single-token steps.
  *
  * Blocking.  For each tile (64 outputs) in [tile_begin, tile_end), for each chunk of the tile's rows
  * (K-blocking, below: 256 KiB of weights at most), for each block of 6 tokens, for each of the tile's
  * 4 strips of 16 outputs: 12 accumulators (6 tokens x 2 ymm) live in ymm0-11 while the strip's rows
- * stream by; each row's 16 weights are loaded (and widened: vcvtph2ps, or vpmovsxbd + vcvtdq2ps) once
+ * stream by; each row's 16 weights are loaded (and widened: vcvtph2ps) once
  * into ymm12-13 and used by 12 FMAs, one broadcast of X[tok][i] per token (ymm14-15).  A tile is read
  * from memory once and then from L2 for every further block of tokens; the 6 token rows of X being
  * read stay in L1/L2.  A last block of 1..5 tokens runs the same code with fewer accumulators (no
  * reads or writes past token n_tokens-1).  The row loop is unrolled by 2.  Measured on Zen 4 at
  * 2.8 GHz (peak 2 x 8 x 2 = 32 flop/cycle = 90 GFLOP/s): 76-87 GFLOP/s at T = 512 on the 124M shapes,
- * all three weight types (tests/test_kernels_matmul.py --bench).
+ * both weight types (tests/test_kernels_matmul.py --bench).
  *
  * Registers:
  *     rdi  w: current tile                 rsi  X of the current token block
  *     rdx  ldx in bytes                    rcx  b (+64*tile) or NULL
  *     r8   y of the current token block, current tile       r9  ldy in bytes
- *     rbp  scale (+64*tile), q8 only       r12  n_in         r13  tokens left in this tile's pass
- *     r14  strip offset in bytes of y / b / scale (0, 64, 128, 192)      r15  tiles left
+ *     r12  n_in                                    r13  tokens left in this tile's pass
+ *     r14  strip offset in bytes of y / b (0, 64, 128, 192)      r15  tiles left
  *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
  *     stack: see "stack frame" below
  */
@@ -37,15 +36,13 @@
  * into equal chunks), so that the chunk's weights stay in L2 while every block of tokens and every
  * strip reuses them; between chunks the sums are parked in y and reloaded (exact binary32 values: no
  * extra rounding), so the per-output operation sequence is unchanged.  Measured on Zen 4 (1 MiB L2),
- * 3072 x 768 fp32 at T = 512: 72 GFLOP/s unblocked (a 768 KiB tile), 80 with 256 KiB chunks; int8
- * tiles (<= 192 KiB for GPT-2) are not split. */
+ * 3072 x 768 fp32 at T = 512: 72 GFLOP/s unblocked (a 768 KiB tile), 80 with 256 KiB chunks. */
 #ifndef MATMUL_KC_BYTES
 #  define MATMUL_KC_BYTES 262144
 #endif
 
 #define DT_F32 0
 #define DT_F16 1
-#define DT_Q8  2
 
         /* one row: the strip's 16 weights of row (\woff bytes from r10) into ymm12-13, then
          * acc[tok][k] = fma(w_k, X[tok][i], acc[tok][k]) for the \mt tokens (X at \xoff from the cursors) */
@@ -56,11 +53,6 @@
         .elseif \dt == DT_F16
         vcvtph2ps   \woff(%r10), %ymm12
         vcvtph2ps   \woff+16(%r10), %ymm13
-        .else
-        vpmovsxbd   \woff(%r10), %ymm12
-        vpmovsxbd   \woff+8(%r10), %ymm13
-        vcvtdq2ps   %ymm12, %ymm12
-        vcvtdq2ps   %ymm13, %ymm13
         .endif
         vbroadcastss \xoff(%r11), %ymm14
         vfmadd231ps %ymm12, %ymm14, %ymm0
@@ -92,14 +84,10 @@
         .endif
         .endm
 
-        /* epilogue of one token: y[tok][strip] = acc (* scale) (+ b); r11 = &y[tok][strip] */
+        /* epilogue of one token: y[tok][strip] = acc (+ b); r11 = &y[tok][strip] */
         .macro  mm_out dt, a0, a1, bias
-        .if \dt == DT_Q8
-        vmulps  %ymm12, %ymm\a0, %ymm\a0        // p = acc * scale
-        vmulps  %ymm13, %ymm\a1, %ymm\a1
-        .endif
         .if \bias
-        vaddps  %ymm14, %ymm\a0, %ymm\a0        // y = p + b
+        vaddps  %ymm14, %ymm\a0, %ymm\a0        // y = acc + b
         vaddps  %ymm15, %ymm\a1, %ymm\a1
         .endif
         vmovups %ymm\a0, (%r11)
@@ -176,8 +164,6 @@
         movq    %r14, %r10
         .if \dt == DT_F16
         shrq    $1, %r10                        // 16 outputs = 32 bytes of fp16
-        .elseif \dt == DT_Q8
-        shrq    $2, %r10                        // 16 bytes of int8
         .endif
         addq    %rdi, %r10                      // weight cursor: row 0 of the strip
         movq    %rsi, %r11                      // X cursor, token 0
@@ -210,10 +196,6 @@
         mm_accs \mt, vmovups, 0
         jmp     .Ldone\@
 .Lepi\@:
-        .if \dt == DT_Q8
-        vmovups   (%rbp,%r14), %ymm12           // scale of the strip's 16 outputs
-        vmovups 32(%rbp,%r14), %ymm13
-        .endif
         leaq    (%r8,%r14), %r11                // &y[token 0][strip]
         testq   %rcx, %rcx
         jz      .Lnob\@
@@ -272,20 +254,4 @@ endfunc
         .set    RB, 7
 function gpt2asm_matmul_f16_avx2
         matmul_body DT_F16
-endfunc
-
-/*
- * void gpt2asm_matmul_q8_avx2(const int8_t *w, const float *scale, const float *x, size_t ldx,
- *                             const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
- *                             size_t tile_begin, size_t tile_end);
- *   y[t*ldy + o] = acc * scale[o] + b[o] (two roundings; as gpt2asm_matvec_q8).
- */
-        .set    ROWB, 64
-        .set    KCMAX, MATMUL_KC_BYTES / 64
-        .if KCMAX < 1
-        .error "MATMUL_KC_BYTES must be at least one row of weights"
-        .endif
-        .set    RB, 6
-function gpt2asm_matmul_q8_avx2
-        matmul_body DT_Q8
 endfunc

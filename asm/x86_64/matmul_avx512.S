@@ -8,7 +8,7 @@
  * Blocking.  For each tile (64 outputs) in [tile_begin, tile_end), for each chunk of the tile's rows
  * (K-blocking, below: 256 KiB of weights at most), for each block of 6 tokens: 24 accumulators
  * (6 tokens x the tile's 64 outputs = 4 zmm) live in zmm0-23 while the chunk's rows stream by; each
- * row is loaded (and widened: vcvtph2ps, or vpmovsxbd + vcvtdq2ps) once into zmm24-27 and used by
+ * row is loaded (and widened: vcvtph2ps) once into zmm24-27 and used by
  * 24 FMAs, one broadcast of X[tok][i] per token (zmm28-29).  So a tile streams from memory once, and
  * then from L2 once per block of 6 tokens, front to back.  A last block of 1..5 tokens runs the same
  * code with fewer accumulators.  The row loop is unrolled by 2.  AVX-512F instructions only.
@@ -20,7 +20,7 @@
  *     rdi  w: current tile                 rsi  X of the current token block
  *     rdx  ldx in bytes                    rcx  b (+64*tile) or NULL
  *     r8   y of the current token block, current tile       r9  ldy in bytes
- *     rbp  scale (+64*tile), q8 only       r12  n_in         r13  tokens left in this tile's pass
+ *     r12  n_in                                    r13  tokens left in this tile's pass
  *     r15  tiles left
  *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
  *     stack: see "stack frame" below
@@ -30,15 +30,13 @@
 /* K-blocking: a tile is swept in chunks of rows of at most MATMUL_KC_BYTES of weights (n_in split
  * into equal chunks), so that the chunk's weights stay in L2 while every block of tokens reuses them; between chunks the sums are parked in y and reloaded (exact binary32 values: no
  * extra rounding), so the per-output operation sequence is unchanged.  Measured on Zen 4 (1 MiB L2),
- * 3072 x 768 fp32 at T = 512: 72 GFLOP/s unblocked (a 768 KiB tile), 80 with 256 KiB chunks; int8
- * tiles (<= 192 KiB for GPT-2) are not split. */
+ * 3072 x 768 fp32 at T = 512: 72 GFLOP/s unblocked (a 768 KiB tile), 80 with 256 KiB chunks. */
 #ifndef MATMUL_KC_BYTES
 #  define MATMUL_KC_BYTES 262144
 #endif
 
 #define DT_F32 0
 #define DT_F16 1
-#define DT_Q8  2
 
         /* acc[a0..a3] = fma(w[0..3], xb, acc[a0..a3]): one token's 4 accumulators */
         .macro  mm_fma4 a0, a1, a2, a3, xb
@@ -60,15 +58,6 @@
         vcvtph2ps   \woff+32(%r10), %zmm25
         vcvtph2ps   \woff+64(%r10), %zmm26
         vcvtph2ps   \woff+96(%r10), %zmm27
-        .else
-        vpmovsxbd   \woff(%r10), %zmm24
-        vpmovsxbd   \woff+16(%r10), %zmm25
-        vpmovsxbd   \woff+32(%r10), %zmm26
-        vpmovsxbd   \woff+48(%r10), %zmm27
-        vcvtdq2ps   %zmm24, %zmm24
-        vcvtdq2ps   %zmm25, %zmm25
-        vcvtdq2ps   %zmm26, %zmm26
-        vcvtdq2ps   %zmm27, %zmm27
         .endif
         vbroadcastss \xoff(%r11), %zmm28
         mm_fma4 0, 1, 2, 3, 28
@@ -94,16 +83,10 @@
         .endif
         .endm
 
-        /* epilogue of one token: y[tok][0..63] = acc (* scale) (+ b); r11 = &y[tok][tile] */
+        /* epilogue of one token: y[tok][0..63] = acc (+ b); r11 = &y[tok][tile] */
         .macro  mm_out dt, a0, a1, a2, a3, bias
-        .if \dt == DT_Q8
-        vmulps  %zmm24, %zmm\a0, %zmm\a0        // p = acc * scale
-        vmulps  %zmm25, %zmm\a1, %zmm\a1
-        vmulps  %zmm26, %zmm\a2, %zmm\a2
-        vmulps  %zmm27, %zmm\a3, %zmm\a3
-        .endif
         .if \bias
-        vaddps  %zmm28, %zmm\a0, %zmm\a0        // y = p + b
+        vaddps  %zmm28, %zmm\a0, %zmm\a0        // y = acc + b
         vaddps  %zmm29, %zmm\a1, %zmm\a1
         vaddps  %zmm30, %zmm\a2, %zmm\a2
         vaddps  %zmm31, %zmm\a3, %zmm\a3
@@ -216,12 +199,6 @@
         mm_accs \mt, 0
         jmp     .Ldone\@
 .Lepi\@:
-        .if \dt == DT_Q8
-        vmovups    0(%rbp), %zmm24              // scale of the tile's 64 outputs
-        vmovups   64(%rbp), %zmm25
-        vmovups  128(%rbp), %zmm26
-        vmovups  192(%rbp), %zmm27
-        .endif
         movq    %r8, %r11                       // &y[token 0][tile]
         testq   %rcx, %rcx
         jz      .Lnob\@
@@ -272,19 +249,4 @@ endfunc
         .set    RB, 7
 function gpt2asm_matmul_f16_avx512
         matmul_body DT_F16
-endfunc
-
-/*
- * void gpt2asm_matmul_q8_avx512(const int8_t *w, const float *scale, const float *x, size_t ldx,
- *                               const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
- *                               size_t tile_begin, size_t tile_end);
- */
-        .set    ROWB, 64
-        .set    KCMAX, MATMUL_KC_BYTES / 64
-        .if KCMAX < 1
-        .error "MATMUL_KC_BYTES must be at least one row of weights"
-        .endif
-        .set    RB, 6
-function gpt2asm_matmul_q8_avx512
-        matmul_body DT_Q8
 endfunc

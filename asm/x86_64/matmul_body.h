@@ -3,7 +3,7 @@
  * matmul_avx512.S: argument set-up, the tile loop, the K-chunks of each tile and the blocks of 6 tokens
  * (then 1..5); the ISA's own `mm_block dt, mt` computes the tile's outputs for one block of tokens.
  *
- * Before including it, a kernel file defines DT_F32 / DT_F16 / DT_Q8, the macros mm_block and mm_exit
+ * Before including it, a kernel file defines DT_F32 / DT_F16, the macros mm_block and mm_exit
  * (the register clean-up and ret), and sets
  * (per weight type, before expanding matmul_body) ROWB (bytes per weight row), RB (its log2) and KCMAX
  * (rows per chunk at most).  See matmul_avx2.S for the blocking and the register use.
@@ -28,19 +28,8 @@
         .macro  matmul_body dt
         push_callee
         subq    $FRAME, %rsp
-        .if \dt == DT_Q8
-        /* (w, scale, x, ldx, b, y, | ldy, n_tokens, n_in, tile_begin, tile_end) */
-        movq    %rsi, %rbp
-        movq    %rdx, %rsi
-        movq    %rcx, %rdx
-        movq    %r8, %rcx
-        movq    %r9, %r8
-        movq    FRAME+56(%rsp), %r9
-        .set    ARG, FRAME+64                   // n_tokens
-        .else
         /* (w, x, ldx, b, y, ldy, | n_tokens, n_in, tile_begin, tile_end) */
         .set    ARG, FRAME+56
-        .endif
         shlq    $2, %rdx                        // ldx in bytes
         shlq    $2, %r9                         // ldy in bytes
         movq    ARG(%rsp), %r13                 // n_tokens
@@ -66,12 +55,9 @@
         movq    %r11, %rdx
         movq    %rsi, X0(%rsp)
         movq    %r10, %r11
-        shlq    $8, %r11                        // 256 bytes of y / b / scale per tile
+        shlq    $8, %r11                        // 256 bytes of y / b per tile
         addq    %r11, %r8
         movq    %r8, YT(%rsp)                   // y + 64*tile_begin
-        .if \dt == DT_Q8
-        addq    %r11, %rbp
-        .endif
         testq   %rcx, %rcx
         jz      1f
         addq    %r11, %rcx
@@ -153,9 +139,6 @@
         movq    WT(%rsp), %rdi
         addq    %r10, %rdi                      // next tile
         addq    $256, YT(%rsp)
-        .if \dt == DT_Q8
-        addq    $256, %rbp
-        .endif
         testq   %rcx, %rcx
         jz      4f
         addq    $256, %rcx

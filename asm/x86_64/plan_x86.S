@@ -51,11 +51,11 @@
 /* ---- calls to the kernels (other objects of this library) --------------------------------------- */
 #ifndef GPT2ASM_MACHO
         .protected gpt2asm_matvec_f32_avx2, gpt2asm_matvec_f16_avx2, gpt2asm_layernorm_f32_avx2
-        .protected gpt2asm_gelu_f32_avx2, gpt2asm_attention_f32_avx2, gpt2asm_matvec_q8_avx2
-        .protected gpt2asm_matmul_f32_avx2, gpt2asm_matmul_f16_avx2, gpt2asm_matmul_q8_avx2
+        .protected gpt2asm_gelu_f32_avx2, gpt2asm_attention_f32_avx2
+        .protected gpt2asm_matmul_f32_avx2, gpt2asm_matmul_f16_avx2
         .protected gpt2asm_matvec_f32_avx512, gpt2asm_matvec_f16_avx512, gpt2asm_layernorm_f32_avx512
-        .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512, gpt2asm_matvec_q8_avx512
-        .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512, gpt2asm_matmul_q8_avx512
+        .protected gpt2asm_gelu_f32_avx512, gpt2asm_attention_f32_avx512
+        .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512
         .protected gpt2asm_attention_f16_avx2, gpt2asm_argmax_f32_avx2, gpt2asm_argmax_f32_avx512
         .protected gpt2asm_attention_rows_f32_avx2, gpt2asm_attention_rows_f16_avx2
         .protected gpt2asm_plan_run_avx2, gpt2asm_plan_run_avx512
@@ -438,8 +438,6 @@ vadd_avx512:
         shlq    $8, %rax
         movq    J_B(%r14), %rdx
         addq    %rax, %rdx                      /* b + 64 t */
-        movq    J_SCALE(%r14), %r10
-        addq    %rax, %r10                      /* scale + 64 t (q8) */
         movq    F_H(%rsp), %rcx
         imulq   J_A3(%r14), %rcx
         movq    PL_POS(%r13), %rax
@@ -486,21 +484,15 @@ vadd_avx512:
 .Latt32\@:
         .endm
 
-        /* the \op kernel of the job's dtype (FL_F16, FL_Q8 in its flags): gpt2asm_\op_f32 / _f16 with
-         * the arguments as they are, gpt2asm_\op_q8 after the macro \q8args has moved them (and the
-         * scales, in r10) into its order; FL_Q0: the job's kernel J_FN after \q0args */
-        .macro  dtype_call op, isa, q8args, q0args
+        /* the \op kernel of the job's dtype (FL_F16 in its flags): gpt2asm_\op_f32 / _f16 with the
+         * arguments as they are; FL_Q0: the job's kernel J_FN after \q0args */
+        .macro  dtype_call op, isa, q0args
         if_flag FL_Q0, .Ldt0\@
-        if_flag FL_DTYPE_MASK, .Ldt1\@
+        if_flag FL_F16, .Ldt1\@
         xcall   gpt2asm_\op\()_f32_\isa
         jmp     .Ldt3\@
 .Ldt1\@:
-        unless_flag FL_F16, .Ldt2\@
         xcall   gpt2asm_\op\()_f16_\isa
-        jmp     .Ldt3\@
-.Ldt2\@:
-        \q8args
-        xcall   gpt2asm_\op\()_q8_\isa
         jmp     .Ldt3\@
 .Ldt0\@:
         \q0args
@@ -525,8 +517,8 @@ vadd_avx512:
         .endr
         .endm
 
-        /* matvec's (w, x, b, y, n_in, tile_begin, tile_end) one argument up from b on: the q8 / q0
-         * kernels take one more (scale / xd) before b */
+        /* matvec's (w, x, b, y, n_in, tile_begin, tile_end) one argument up from b on: the q0 kernels
+         * take one more (xd) before b */
         .macro  mv_args_up
         args_up 1, 8                            /* tile_end */
         movq    %r9, 0(%rsp)                    /* tile_begin */
@@ -555,31 +547,11 @@ vadd_avx512:
         movq    J_XD(%r14), %rcx                /* xd */
         .endm
 
-        /* matvec (w = rdi, x = rsi, b = rdx, y = rcx, n_in = r8, tile_begin = r9, tile_end = 0(%rsp))
-         * -> gpt2asm_matvec_q8's (w, scale, x, b, y, n_in, tile_begin, tile_end) */
-        .macro  mv_q8_args
-        mv_args_up
-        movq    %rsi, %rdx                      /* x */
-        movq    %r10, %rsi                      /* scale */
-        .endm
-
-        /* matmul (w = rdi, x = rsi, ldx = rdx, b = rcx, y = r8, ldy = r9, n_tokens, n_in, tile_begin,
-         * tile_end = 0, 8, 16, 24(%rsp)) -> gpt2asm_matmul_q8's (w, scale, x, ldx, b, y, ldy, ...) */
-        .macro  mm_q8_args
-        args_up 4, 8                            /* n_tokens, n_in, tile_begin, tile_end */
-        movq    %r9, 0(%rsp)                    /* ldy */
-        movq    %r8, %r9                        /* y */
-        movq    %rcx, %r8                       /* b */
-        movq    %rdx, %rcx                      /* ldx */
-        movq    %rsi, %rdx                      /* x */
-        movq    %r10, %rsi                      /* scale */
-        .endm
-
         .macro  mv_call isa
-        dtype_call matvec, \isa, mv_q8_args, mv_q0_args
+        dtype_call matvec, \isa, mv_q0_args
         .endm
 
-        /* the job's matvec over the claimed tiles [F_T0, F_T1): W (J_W, J_SCALE) times the input rbp,
+        /* the job's matvec over the claimed tiles [F_T0, F_T1): W (J_W) times the input rbp,
          * plus J_B, into J_Y */
         .macro  mv_claimed isa
         movq    J_W(%r14), %rdi
@@ -590,7 +562,6 @@ vadd_avx512:
         movq    F_T0(%rsp), %r9
         movq    F_T1(%rsp), %rax
         movq    %rax, 0(%rsp)
-        movq    J_SCALE(%r14), %r10
         mv_call \isa
         .endm
 
@@ -612,7 +583,7 @@ vadd_avx512:
         .endm
 
         .macro  mm_call isa
-        dtype_call matmul, \isa, mm_q8_args, mm_q0_args
+        dtype_call matmul, \isa, mm_q0_args
         .endm
 
 /* The executor of a family: plan_jobs_<isa> walks the job range; per job it computes the item count
@@ -849,7 +820,7 @@ kind_attn_\isa:
 
         /* ---- MATMUL (prefill; items = tiles): for each claimed tile tau, the matmul kernel of the
          * dtype over the PL_NTOK rows of x (J_LDX floats apart) into y (J_LDY apart), as tiles [0, 1)
-         * of the pointers shifted to tau (w + tau tile_bytes, b / scale / y + 64 tau); with FL_KV the
+         * of the pointers shifted to tau (w + tau tile_bytes, b / y + 64 tau); with FL_KV the
          * tiles [H, 2H) and [2H, 3H) (H = J_A4) go to the k / v cache rows pos .. (rows 64 floats apart);
          * then the epilogue on the tile's 64 outputs of every row: GELU in place, or RESID
          * r[t ldr + o] = r[t ldr + o] + y[t ldy + o].  FL_Q0 without FL_KV: the claim's tiles
@@ -876,8 +847,6 @@ kind_matmul_\isa:
         imulq   J_TILEB(%r14), %rdi
         addq    J_W(%r14), %rdi                 /* the tile's weights */
         shlq    $8, %rax                        /* 64 tau outputs, in bytes */
-        movq    J_SCALE(%r14), %r10
-        addq    %rax, %r10                      /* scale + 64 tau (q8) */
         movq    J_B(%r14), %rcx
         testq   %rcx, %rcx
         jz      1f

@@ -1,6 +1,6 @@
 /*
- * asm/x86_64/rows4.h -- the head of the f32 / f16 / q8 matrix-vector kernels' row loop (matvec_avx2.S,
- * matvec_avx512.S, matvec_q8_avx2.S, matvec_q8_avx512.S): the rows of a tile go by blocks of 4, in input
+ * asm/x86_64/rows4.h -- the head of the f32 / f16 matrix-vector kernels' row loop (matvec_avx2.S,
+ * matvec_avx512.S): the rows of a tile go by blocks of 4, in input
  * order, each block's 4 inputs x[r .. r+3] broadcast once.
  *
  *     rows4 x, n, v   r10 = \x (the x cursor), r11 = \n / 4 (blocks of 4 rows; none: on to 3f); then at
