@@ -15,10 +15,10 @@
  * then per output: t = xd[b] * dw (vbroadcastss, vcvtph2ps, vmulps with xd first); acc = fma((float)s,
  * t, acc) (vcvtdq2ps, vfmadd231ps); at the end y = acc + b.  The record's 64 dw are widened first
  * (zmm16-19, at the start of the record, so its lines are touched strictly front to back), and after each
- * 64-byte line's ops come PAD_* nops: a throttle.  Measured (2026-12-03, Zen 4, weights in DRAM), a
- * record with few ops per line (VNNI q8_0: 2) lets the out-of-order window run ~100 lines ahead, and the
- * demand misses then crowd out the hardware prefetcher: 0.78-0.85 of a plain read, against 0.95-1.0 with
- * ~10 ops (nops included) per line; in L2 the nops cost little (docs/notes.md).  zmm16-19 are zeroed
+ * 64-byte line's ops come PAD_* nops: a throttle.  Measured (2026-12-03, Zen 4, weights in DRAM): with few
+ * ops per line (VNNI q8_0: 2) 0.80-0.85 of a plain read, with ~10 (nops included) 0.95-1.0; our reading:
+ * the out-of-order window otherwise runs ~100 lines ahead and its demand misses crowd out the hardware
+ * prefetchers (docs/notes.md).  The nops change no result.  zmm16-19 are zeroed
  * before vzeroupper (which leaves zmm16-31); AVX512F + BW (+ VNNI for the _avx512vnni kernels).
  *
  * Registers: see matvec_q0.h; zmm8 X (then xd[b]), zmm9 -X / 0x80 bytes / X_g+4, zmm10-11 temps, zmm12
