@@ -5,6 +5,7 @@
  *     q0_consts   rbx = its constant block           q0_zero    zero the tile's 64 fp32 sums
  *     \blk        one record (64 outputs x 32 inputs: the int32 sums, then acc = fma((float)s, t, acc))
  *     q0_store    y = acc + b (or acc when b is NULL) for the tile's 64 outputs, from rcx / r8
+ *     q0_exit     return;   Q0_SPILL: bytes of fp32 sums kept in memory (0: none), at r12
  *
  * The block correction (docs/kernels.md "q8_0 / q4_0", "x86-64"): kernels whose dot instruction needs an unsigned
  * operand and that feed it a biased one (q4_0's nibbles u = w + 8; VNNI q8_0's w ^ 0x80 = w + 128) get
@@ -16,7 +17,8 @@
  *     rdi  w: the current record           rsi  xq                  rdx  xd
  *     rcx  b (+64*tile) or NULL            r8   y (+64*tile)        r9   nb = n_in / 32
  *     r10  tiles left                      r11  block index b       rax  xq + 32*b
- *     rbx  constants                       r12  scratch             rbp  frame (rsp: the table)
+ *     rbx  constants                       r12  the spilled sums (scratch before the tiles)
+ *     rbp  frame (rsp: the table, then Q0_SPILL bytes, each 64-byte aligned)
  */
 #ifndef GPT2ASM_X86_MATVEC_Q0_H
 #define GPT2ASM_X86_MATVEC_Q0_H
@@ -44,6 +46,10 @@
         addq    %r10, %rdi                      // w += tile_begin * nb records
         movq    %rax, %r10
         q0_consts
+        .if Q0_SPILL
+        subq    $Q0_SPILL, %rsp                 // the spilled fp32 sums, 64-byte aligned, above the table
+        andq    $-64, %rsp
+        .endif
         .if \csh
         leaq    63(,%r9,4), %rax
         andq    $-64, %rax
@@ -68,6 +74,14 @@
         incq    %r11
         jmp     2b
 3:
+        .endif
+        .if Q0_SPILL
+        movq    %rsp, %r12                      // r12 = the spilled sums (above the table)
+        .if \csh
+        leaq    63(,%r9,4), %rax
+        andq    $-64, %rax
+        addq    %rax, %r12
+        .endif
         .endif
         .p2align 4
 .Ltile\@:

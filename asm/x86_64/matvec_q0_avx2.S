@@ -3,13 +3,18 @@
  *
  * docs/kernels.md "q8_0 / q4_0" (layouts, the per-output sequence; numpy model tests/q0ref.py, matvec).  The weights
  * stream once, record after record (tile t, block b: 64 fp16 scales, then the ints); the activations
- * come quantized (xq int8, xd fp32 per block of 32).  The 64 fp32 sums of a tile live in ymm8-15 for
- * the whole stream.  Each record is taken in two halves of 32 outputs (the record's bytes
- * 128 + 256g + 128h .. +127 of every group g for half h: all within the record, which is in L1 after the
- * first touch), each half's int32 block sums in ymm4-7; then per half, in this order per output o:
- *     s   = exact int32 block sum                      (ymm4-7)
+ * come quantized (xq int8, xd fp32 per block of 32).  A record is taken front to back, group after group,
+ * each group's 8 vectors (32 bytes = 8 outputs x 4 inputs each) into the record's 8 int32 block sums
+ * ymm4-11 (vector k: outputs 8k .. 8k+7): in one pass, so the weights stream strictly in address order
+ * (taking a record in two halves of 32 outputs, every other 128 bytes, then the rest, ran at 0.58-0.79
+ * of a plain read with the weights in DRAM; in order 0.90-0.92: docs/notes.md).  The fp32 sums of
+ * outputs 0-31 live in ymm12-15, those of outputs 32-63 in a 128-byte stack slot (r12, spilled: 16
+ * registers hold 8 int sums, X, a constant, two temporaries and only 4 fp32 sums).  Then per record, in
+ * this order per output o:
+ *     s   = exact int32 block sum                      (ymm4-11)
  *     t   = xd[b] * dw[o][b]                           vbroadcastss xd[b]; vcvtph2ps dw; vmulps (xd first)
- *     acc = fma((float)s, t, acc)                      vcvtdq2ps s; vfmadd231ps t, s, acc
+ *     acc = fma((float)s, t, acc)                      vcvtdq2ps s; vfmadd231ps t, s, acc (outputs
+ *                                                      32-63: acc loaded from and stored back to r12)
  * and at the end of the tile y = acc + b (vaddps) or acc.  The integer sums, per group g (4 inputs,
  * xq[32b+4g .. +3] broadcast as one dword X to every lane; one lane = one output's 4 inputs):
  *   q8_0 avx2     (sign trick) p = vpmaddubsw(|w|, X * sign(w)) (vpabsb, vpsignb: |w| <= 128 unsigned,
@@ -20,23 +25,27 @@
  *                 then s = vpmaddwd(p16, 1) - 8 * sum(xq of block)
  *   q4_0 avxvnni  s += vpdpbusd(u_lo, X_g) + vpdpbusd(u_hi, X_g+4); s starts at -8 * sum(xq of block)
  * All exact, so every variant gives the contract's bits.  Per 64 weight bytes: q8_0 avx2 10 vector ops
- * (+4 loads), avxvnni 4; q4_0 (128 weights) avx2 14, avxvnni 10.  What is measured later (make bench;
- * python tests/test_kernels_q0.py --bench): GB/s of weights streamed against a plain read.
+ * (+4 loads), avxvnni 4; q4_0 (128 weights) avx2 14, avxvnni 10; per record 8 more (the spilled sums'
+ * loads and stores).  Measured with python tests/test_kernels_q0.py --bench (GB/s of weights streamed
+ * against a plain read): docs/notes.md.
  *
  * Registers: see matvec_q0.h; ymm0 X (then xd[b]), ymm1 1 (int16) / 0x80 bytes / X_g+4, ymm2-3 temps,
- * ymm4-7 a half's int32 (q4_0 avx2: int16) sums, ymm8-15 the tile's fp32 sums; rbx the constants.
+ * ymm4-11 the record's int32 (q4_0 avx2: int16) sums, ymm12-15 the fp32 sums of outputs 0-31, r12 those
+ * of outputs 32-63 (memory); rbx the constants.
  */
 #include "asm.S"
 #include "q0_const.h"
 
         q0_const q0_mv_avx2, 32
+        .set    Q0_SPILL, 128                   // the fp32 sums of outputs 32-63 (r12)
 
         .macro  q0_consts
         movrel  %rbx, q0_mv_avx2
         .endm
 
         .macro  q0_zero
-        vzero   8, 9, 10, 11, 12, 13, 14, 15
+        vzero   2, 12, 13, 14, 15
+        vstore  %r12, 0, 32, ymm, 2,2,2,2
         .endm
 
         .macro  q0_exit
@@ -45,11 +54,15 @@
         .endm
 
         .macro  q0_store
+        vmovaps 0(%r12), %ymm4                  // the sums of outputs 32-63
+        vmovaps 32(%r12), %ymm5
+        vmovaps 64(%r12), %ymm6
+        vmovaps 96(%r12), %ymm7
         testq   %rcx, %rcx
         jz      1f
-        vmemop  vaddps, %rcx, 0, 32, ymm, 8,9,10,11,12,13,14,15  // y = acc + b
+        vmemop  vaddps, %rcx, 0, 32, ymm, 12,13,14,15,4,5,6,7  // y = acc + b
 1:
-        vstore  %r8, 0, 32, ymm, 8,9,10,11,12,13,14,15
+        vstore  %r8, 0, 32, ymm, 12,13,14,15,4,5,6,7
         .endm
 
 #include "matvec_q0.h"
@@ -62,19 +75,31 @@
         vfmadd231ps %ymm2, %ymm3, %ymm\f        // acc = fma(s, t, acc)
         .endm
 
-        .macro  flt_half h
+        /* the same for a spilled acc at \m(%r12) */
+        .macro  flt1m off, i, m
+        vcvtph2ps \off(%rdi), %ymm2
+        vmulps  %ymm2, %ymm0, %ymm2             // t = xd[b] * dw
+        vcvtdq2ps %ymm\i, %ymm\i
+        vmovaps \m(%r12), %ymm3
+        vfmadd231ps %ymm2, %ymm\i, %ymm3        // acc = fma(s, t, acc)
+        vmovaps %ymm3, \m(%r12)
+        .endm
+
+        .macro  flt_rec
         vbroadcastss (%rdx,%r11,4), %ymm0
-        .if \h == 0
-        flt1    0, 4, 8
-        flt1    16, 5, 9
-        flt1    32, 6, 10
-        flt1    48, 7, 11
-        .else
-        flt1    64, 4, 12
-        flt1    80, 5, 13
-        flt1    96, 6, 14
-        flt1    112, 7, 15
-        .endif
+        flt1    0, 4, 12
+        flt1    16, 5, 13
+        flt1    32, 6, 14
+        flt1    48, 7, 15
+        flt1m   64, 8, 0
+        flt1m   80, 9, 32
+        flt1m   96, 10, 64
+        flt1m   112, 11, 96
+        .endm
+
+        /* \mac OFF, S(, \a) on the 8 vectors (OFF = 128 + 256g + 32k, sums S = ymm4+k) of group g */
+        .macro  each_vec mac, g, a
+        each_off \mac, 128+256*\g, 32, \a, 4, 5, 6, 7, 8, 9, 10, 11
         .endm
 
         /* s[i] (+)= sum over 4 inputs of w * X, sign trick; ymm1 = int16 ones */
@@ -90,18 +115,13 @@
         .endif
         .endm
 
-        .macro  q8s_half h
-        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
-        vpbroadcastd 4*\g(%rax), %ymm0
-        each_off q8s_vec, 128+256*\g+128*\h, 32, \g, 4, 5, 6, 7
-        .endr
-        flt_half \h
-        .endm
-
         .macro  q8_avx2_blk
         vmovdqa Q0_ONES(%rbx), %ymm1
-        q8s_half 0
-        q8s_half 1
+        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
+        vpbroadcastd 4*\g(%rax), %ymm0
+        each_vec q8s_vec, \g, \g
+        .endr
+        flt_rec
         .endm
 
         /* s[i] += vpdpbusd(w ^ 0x80, X); ymm1 = 0x80 bytes */
@@ -112,24 +132,19 @@
 
         .macro  init_corr
         vpbroadcastd (%rsp,%r11,4), %ymm4       // s = -c * sum(xq of the block)
-        vmovdqa %ymm4, %ymm5
-        vmovdqa %ymm4, %ymm6
-        vmovdqa %ymm4, %ymm7
-        .endm
-
-        .macro  q8v_half h
-        init_corr
-        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
-        vpbroadcastd 4*\g(%rax), %ymm0
-        each_off q8v_vec, 128+256*\g+128*\h, 32, , 4, 5, 6, 7
+        .irp    i, 5, 6, 7, 8, 9, 10, 11
+        vmovdqa %ymm4, %ymm\i
         .endr
-        flt_half \h
         .endm
 
         .macro  q8_avxvnni_blk
         vmovdqa Q0_K80(%rbx), %ymm1
-        q8v_half 0
-        q8v_half 1
+        init_corr
+        .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
+        vpbroadcastd 4*\g(%rax), %ymm0
+        each_vec q8v_vec, \g
+        .endr
+        flt_rec
         .endm
 
         /* the low and high nibbles of 32 bytes at \off: ymm2 = u (group g), ymm3 = u (group g + 4) */
@@ -153,23 +168,18 @@
         .endif
         .endm
 
-        .macro  q4m_half h
+        .macro  q4_avx2_blk
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %ymm0
         vpbroadcastd 4*\g+16(%rax), %ymm1
-        each_off q4m_vec, 128+256*\g+128*\h, 32, \g, 4, 5, 6, 7
+        each_vec q4m_vec, \g, \g
         .endr
         vpbroadcastd (%rsp,%r11,4), %ymm0       // -8 * sum(xq of the block)
-        .irp    i, 4, 5, 6, 7
+        .irp    i, 4, 5, 6, 7, 8, 9, 10, 11
         vpmaddwd Q0_ONES(%rbx), %ymm\i, %ymm\i  // int32 sums of u * xq
         vpaddd  %ymm0, %ymm\i, %ymm\i           // s
         .endr
-        flt_half \h
-        .endm
-
-        .macro  q4_avx2_blk
-        q4m_half 0
-        q4m_half 1
+        flt_rec
         .endm
 
         .macro  q4v_vec off, i
@@ -178,19 +188,14 @@
         {vex} vpdpbusd %ymm1, %ymm3, %ymm\i
         .endm
 
-        .macro  q4v_half h
+        .macro  q4_avxvnni_blk
         init_corr
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %ymm0
         vpbroadcastd 4*\g+16(%rax), %ymm1
-        each_off q4v_vec, 128+256*\g+128*\h, 32, , 4, 5, 6, 7
+        each_vec q4v_vec, \g
         .endr
-        flt_half \h
-        .endm
-
-        .macro  q4_avxvnni_blk
-        q4v_half 0
-        q4v_half 1
+        flt_rec
         .endm
 
 /*

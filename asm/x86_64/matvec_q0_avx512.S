@@ -13,16 +13,34 @@
  *                    |p16| < 2^15), s = vpmaddwd(p16, 1) - 8 * sum(xq of block)   (7 ops per 64 bytes)
  *   q4_0 avx512vnni  s += vpdpbusd(u_lo, X_g) + vpdpbusd(u_hi, X_g+4); s starts at -8 * sum(xq)  (5 ops)
  * then per output: t = xd[b] * dw (vbroadcastss, vcvtph2ps, vmulps with xd first); acc = fma((float)s,
- * t, acc) (vcvtdq2ps, vfmadd231ps); at the end y = acc + b.  Only zmm0-15 are used (vzeroupper then
- * leaves no dirty upper state); AVX512F + BW (+ VNNI for the _avx512vnni kernels).
+ * t, acc) (vcvtdq2ps, vfmadd231ps); at the end y = acc + b.  The record's 64 dw are widened first
+ * (zmm16-19, at the start of the record, so its lines are touched strictly front to back), and after each
+ * 64-byte line's ops come PAD_* nops: a throttle.  Measured (2026-12-03, Zen 4, weights in DRAM): with few
+ * ops per line (VNNI q8_0: 2) 0.80-0.85 of a plain read, with ~10 (nops included) 0.95-1.0; our reading:
+ * the out-of-order window otherwise runs ~100 lines ahead and its demand misses crowd out the hardware
+ * prefetchers (docs/notes.md).  The nops change no result.  zmm16-19 are zeroed
+ * before vzeroupper (which leaves zmm16-31); AVX512F + BW (+ VNNI for the _avx512vnni kernels).
  *
- * Registers: see matvec_q0.h; zmm8 X (then xd[b]), zmm9 -X / 0x80 bytes / X_g+4, zmm10-11 and 13-15
- * temps, zmm12 int16 ones, k1 signs; rbx the constants.
+ * Registers: see matvec_q0.h; zmm8 X (then xd[b]), zmm9 -X / 0x80 bytes / X_g+4, zmm10-11 temps, zmm12
+ * int16 ones, zmm13 zero, zmm14 0x0f bytes, zmm16-19 the record's dw, k1 signs; rbx the constants.
  */
 #include "asm.S"
 #include "q0_const.h"
 
         q0_const q0_mv_avx512, 64
+        .set    Q0_SPILL, 0                     // the fp32 sums all in registers
+
+        /* nops after each 64-byte line's ops, per kernel (the throttle: see above; measured best of 0-24) */
+        .set    PAD_Q8S, 4
+        .set    PAD_Q8V, 8
+        .set    PAD_Q4M, 4
+        .set    PAD_Q4V, 4
+
+        .macro  pad n
+        .rept   \n
+        nop
+        .endr
+        .endm
 
         .macro  q0_consts
         movrel  %rbx, q0_mv_avx512
@@ -33,6 +51,7 @@
         .endm
 
         .macro  q0_exit
+        vclear  vpxord, zmm, 16, 17, 18, 19     // vzeroupper leaves zmm16-31 as they are
         vzeroupper
         ret
         .endm
@@ -47,20 +66,27 @@
 
 #include "matvec_q0.h"
 
-        /* acc[f] = fma((float)s[i], xd[b] * dw[16 outputs at record byte \off], acc[f]) */
-        .macro  flt1 off, i, f
-        vcvtph2ps \off(%rdi), %zmm10
-        vmulps  %zmm10, %zmm8, %zmm10           // t = xd[b] * dw
+        /* the record's 64 dw widened first (its first two lines are fetched first): zmm16-19 */
+        .macro  dw_rec
+        vcvtph2ps 0(%rdi), %zmm16
+        vcvtph2ps 32(%rdi), %zmm17
+        vcvtph2ps 64(%rdi), %zmm18
+        vcvtph2ps 96(%rdi), %zmm19
+        .endm
+
+        /* acc[f] = fma((float)s[i], xd[b] * dw[d], acc[f]); zmm8 = xd[b] */
+        .macro  flt1 i, d, f
+        vmulps  %zmm\d, %zmm8, %zmm10           // t = xd[b] * dw
         vcvtdq2ps %zmm\i, %zmm11
         vfmadd231ps %zmm10, %zmm11, %zmm\f      // acc = fma(s, t, acc)
         .endm
 
         .macro  flt_rec
         vbroadcastss (%rdx,%r11,4), %zmm8
-        flt1    0, 4, 0
-        flt1    32, 5, 1
-        flt1    64, 6, 2
-        flt1    96, 7, 3
+        flt1    4, 16, 0
+        flt1    5, 17, 1
+        flt1    6, 18, 2
+        flt1    7, 19, 3
         .endm
 
         .macro  init_corr
@@ -83,9 +109,11 @@
         vpmaddwd %zmm12, %zmm10, %zmm10
         vpaddd  %zmm10, %zmm\i, %zmm\i
         .endif
+        pad     PAD_Q8S
         .endm
 
         .macro  q8_avx512_blk
+        dw_rec
         vpbroadcastd Q0_ONES(%rbx), %zmm12
         vpxord  %zmm13, %zmm13, %zmm13
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
@@ -99,9 +127,11 @@
         .macro  q8v_vec off, i
         vpxord  \off(%rdi), %zmm9, %zmm10       // w + 128, unsigned
         vpdpbusd %zmm8, %zmm10, %zmm\i
+        pad     PAD_Q8V
         .endm
 
         .macro  q8_avx512vnni_blk
+        dw_rec
         vpbroadcastd Q0_K80(%rbx), %zmm9
         init_corr
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
@@ -111,12 +141,12 @@
         flt_rec
         .endm
 
-        /* zmm10 = u of group g (low nibbles), zmm11 = u of group g + 4 (high nibbles) */
+        /* zmm10 = u of group g (low nibbles), zmm11 = u of group g + 4 (high nibbles); zmm14 = 0x0f bytes */
         .macro  nibbles off
         vmovdqa64 \off(%rdi), %zmm10
         vpsrlw  $4, %zmm10, %zmm11
-        vpandd  Q0_M0F(%rbx){1to16}, %zmm10, %zmm10
-        vpandd  Q0_M0F(%rbx){1to16}, %zmm11, %zmm11
+        vpandd  %zmm14, %zmm10, %zmm10
+        vpandd  %zmm14, %zmm11, %zmm11
         .endm
 
         .macro  q4m_vec off, i, g
@@ -129,9 +159,12 @@
         vpaddw  %zmm10, %zmm\i, %zmm\i
         vpaddw  %zmm11, %zmm\i, %zmm\i
         .endif
+        pad     PAD_Q4M
         .endm
 
         .macro  q4_avx512_blk
+        dw_rec
+        vpbroadcastd Q0_M0F(%rbx), %zmm14
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %zmm8
         vpbroadcastd 4*\g+16(%rax), %zmm9
@@ -149,9 +182,12 @@
         nibbles \off
         vpdpbusd %zmm8, %zmm10, %zmm\i
         vpdpbusd %zmm9, %zmm11, %zmm\i
+        pad     PAD_Q4V
         .endm
 
         .macro  q4_avx512vnni_blk
+        dw_rec
+        vpbroadcastd Q0_M0F(%rbx), %zmm14
         init_corr
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %zmm8
