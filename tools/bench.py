@@ -737,12 +737,12 @@ def main(argv=None) -> int:
     threads = [int(t) for t in a.threads.split(",")]
     fams = a.isa.split(",") if a.isa else available_families()
     from gpt2asm.engine import DTYPES
-    dtypes = a.dtypes.split(",") if a.dtypes else ["f32", "f16"] + [d for d in Q0_DTYPES if d in DTYPES]
+    dtypes = a.dtypes.split(",") if a.dtypes else ["f32", "f16"] + [q for q in Q0_DTYPES if q in DTYPES]
     from gpt2asm.args import not_retired
     from gpt2asm.errors import GPT2AsmError
     try:
-        for d in dtypes:
-            not_retired(d)                                # named with its successor, before any run
+        for dt in dtypes:
+            not_retired(dt)                                # named with its successor, before any run
     except GPT2AsmError as e:
         ap.error(f"--dtypes: {e}")
     batches = [int(b) for b in (a.batch or ("1,2,4,8" if a.quick else ",".join(map(str, BATCHES)))).split(",")]
