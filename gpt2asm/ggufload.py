@@ -584,8 +584,7 @@ def load_gguf(path, dtype: str | None = None, cache_dir=None):
     from . import tilecache as tc
     t0 = time.perf_counter()
     p = expand_user(path, "GGUF file")
-    if dtype is not None:
-        not_retired(dtype)
+    not_retired(dtype)
     if dtype is not None and (not isinstance(dtype, str) or dtype not in MATRIX_DTYPES):
         raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
     root = tc.cache_root(cache_dir)

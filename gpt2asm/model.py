@@ -162,12 +162,12 @@ class Transformer:
             with p.span("layer"):
                 with p.span("kv"):
                     p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h)                  # h = ln_1(x)      [T][C]
-                    p.matmul(L.attn_w, r.h, L.attn_b, r.q, kv=(k, v))  # q; k, v -> cache
+                    p.matmul(L.attn_w, r.h, L.attn_b, r.q, kv=(k, v))             # q; k, v -> cache
                 p.rows_attention(r.q, k, v, r.att)                                # att, causal     [T][C]
                 p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x)
                 p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                      # h = ln_2(x)
-                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True)  # fc = gelu(h W) [T][4C]
-                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x)  # x += fc W
+                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True)                    # fc = gelu(h W) [T][4C]
+                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x)                # x += fc W
         return p.build()
 
     def _build_prefill_plan_q0(self, s: State, r, p: Plan) -> Plan:
@@ -207,15 +207,15 @@ class Transformer:
         for i, L in enumerate(w.layers):
             with p.span("layer"):
                 p.rows_layernorm(r.x, L.ln1_g, L.ln1_b, r.h, embed=i == 0)       # (x = wte + wpe,) h = ln_1(x)
-                p.matmul(L.attn_w, r.h, L.attn_b, r.qkv)  # q | k | v       [B][3C]
+                p.matmul(L.attn_w, r.h, L.attn_b, r.qkv)                          # q | k | v       [B][3C]
                 p.batch_attention(r.qkv, r.att, i)                                # k, v -> caches; att
                 p.matmul(L.attn_proj_w, r.att, L.attn_proj_b, r.y, resid=r.x)
                 p.rows_layernorm(r.x, L.ln2_g, L.ln2_b, r.h)                      # h = ln_2(x)
-                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True)  # fc = gelu(h W) [B][4C]
-                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x)  # x += fc W
+                p.matmul(L.fc_w, r.h, L.fc_b, r.fc, gelu=True)                    # fc = gelu(h W) [B][4C]
+                p.matmul(L.proj_w, r.fc, L.proj_b, r.y, resid=r.x)                # x += fc W
         with p.span("head"):
             p.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                        # h = ln_f(x)
-            p.matmul(w.head_w, r.h, w.head_b, r.logits)   # logits [B][V padded]
+            p.matmul(w.head_w, r.h, w.head_b, r.logits)                           # logits [B][V padded]
             p.rows_argmax(r.logits, V)                                            # + their first maximum
         return p.build()
 
@@ -408,10 +408,10 @@ class Transformer:
         if w.dtype in Q0_DTYPES:
             xq, xd = r.q0_rows()
             head.rows_quantize(r.x, xq, xd, ln=(w.ln_f_g, w.ln_f_b))       # xq = q(ln_f(x))
-            head.matmul(w.head_w, xq, w.head_b, logits, xd=xd)               # logits = h W_head
+            head.matmul(w.head_w, xq, w.head_b, logits, xd=xd)                    # logits = h W_head
         else:
             head.rows_layernorm(r.x, w.ln_f_g, w.ln_f_b, r.h)                # h = ln_f(x)
-            head.matmul(w.head_w, r.h, w.head_b, logits)  # logits = h W_head
+            head.matmul(w.head_w, r.h, w.head_b, logits)                          # logits = h W_head
         head = head.build()
         out = np.empty((T, V), np.float32)
 

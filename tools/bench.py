@@ -578,18 +578,22 @@ def w_server(model: str, dtype: str, isa: str | None, threads: int, clients: int
             except OSError:
                 pass
             time.sleep(0.2)
-        # warm-up: one untimed round of `clients` concurrent requests, so that the timed rounds find the
-        # slots' KV caches allocated and touched and the batch / prefill plans of those sizes built
+        def round_of(target) -> None:
+            """target(i) for every client i, concurrently, until all end or the deadline."""
+            ts = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(clients)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(max(0.0, deadline - time.monotonic()))
+
         def warm_one(i):
             try:
                 request(f"{PROMPT} (w{i})", [])
             except Exception:                               # noqa: BLE001 -- the timed rounds report errors
                 pass
-        warm = [threading.Thread(target=warm_one, args=(i,), daemon=True) for i in range(clients)]
-        for t in warm:
-            t.start()
-        for t in warm:
-            t.join(max(0.0, deadline - time.monotonic()))
+        # warm-up: one untimed round of `clients` concurrent requests, so that the timed rounds find the
+        # slots' KV caches allocated and touched and the batch / prefill plans of those sizes built
+        round_of(warm_one)
         streams, errors = [], []
 
         def client(i):
@@ -602,11 +606,7 @@ def w_server(model: str, dtype: str, isa: str | None, threads: int, clients: int
                     return
                 streams.append(st)
         t0 = time.perf_counter()
-        ts = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(max(0.0, deadline - time.monotonic()))
+        round_of(client)
         wall = time.perf_counter() - t0
         ttft = [s[1] - s[0] for s in streams if len(s) > 1]
         gaps = [b - a for s in streams for a, b in zip(s[1:], s[2:])]
@@ -1010,7 +1010,7 @@ def main(argv=None) -> int:
     lines.append(f"- steps/TTFT: {prompt_len} cached steps (model.step) over the same prompt / TTFT through the "
                  "batched prefill; last-token logits of both bit-identical: "
                  + (("yes, every row" if all(same) else f"NO in {same.count(False)} row(s)") if same else "–"))
-    shas: dict = {}                                   # dtype -> {sha: [family -j, ...]}
+    shas: dict = {}                                   # dtype -> {sha: {'family -j N', ...}}
     for r in rows:
         for x in r["runs"]:
             if x.get("logits_sha"):
