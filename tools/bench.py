@@ -79,6 +79,8 @@ FMAPEAK = {"x86_64": {"avx2": ("gpt2asm_fmapeak_f32_avx2", 192), "avx512": ("gpt
            "aarch64": {"neon": ("gpt2asm_fmapeak_f32_neon", 128)}}
 TEXT = ROOT / "tools" / "data" / "ppl.txt"      # the public-domain text of the "PPL vs fp32" column
 BATCHES = (1, 2, 4, 8, 16, 32)
+TTFT_RUNS = 3                                   # TTFT: the best of this many prompts per row process
+BATCH_SWEEPS = 2                                # batched decode: each B the best of this many sweeps over B
 
 
 def fmapeak_probe(arch: str, isa: str | None) -> tuple[str, int, str]:
@@ -313,10 +315,14 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
     # time to first token for a prompt of prompt_len tokens
     if prompt_len:
         rng = np.random.default_rng(0)
-        pids = [int(x) for x in rng.integers(0, m.config.vocab_size - 1, prompt_len)]
-        t0 = time.perf_counter()
-        next(iter(m.generate_ids(pids, 1, temperature=0)))
-        out["ttft_s"] = time.perf_counter() - t0
+        prompts = [[int(x) for x in rng.integers(0, m.config.vocab_size - 1, prompt_len)] for _ in range(TTFT_RUNS)]
+        pids = prompts[0]
+        ttfts = []                                    # the best of TTFT_RUNS prompts: one run is at the bus's mercy
+        for p in prompts:
+            t0 = time.perf_counter()
+            next(iter(m.generate_ids(p, 1, temperature=0)))
+            ttfts.append(time.perf_counter() - t0)
+        out["ttft_s"], out["ttft_runs_s"] = min(ttfts), ttfts
         out["prompt_len"] = prompt_len
         out["prefill_flop"] = prefill_flop(m.config, prompt_len)
         # the same prompt as prompt_len cached steps, and (with a prefill) its logits compared bit for bit
@@ -480,10 +486,11 @@ def w_quality(model: str, dtypes: list, isa: str | None, threads: int, text: str
 
 def w_batch(model: str, dtype: str, isa: str | None, threads: int, batches: list, pos: int, steps: int) -> dict:
     """Aggregate greedy decode of B streams at once (Transformer.step_batch: one engine call per step for all
-    B): max(batches) states each prefilled with its own random prompt of pos tokens; for each B, the first B
-    of them rewound to position pos (each step rewrites cache rows a step already wrote), one untimed step,
-    rewound again, then `steps` timed steps, each feeding every stream its own argmax.  tokens/s summed
-    over the B streams."""
+    B): max(batches) states each prefilled with its own random prompt of pos tokens; once the resident copy
+    of the weights is in, BATCH_SWEEPS sweeps over B (forward, backward, ...): for each B, the first B states
+    rewound to position pos (each step rewrites cache rows a step already wrote), one untimed step, rewound
+    again, then `steps` timed steps, each feeding every stream its own argmax.  tokens/s summed over the B
+    streams, each B's fastest sweep."""
     import numpy as np
 
     from gpt2asm.engine import GPT2
@@ -494,21 +501,28 @@ def w_batch(model: str, dtype: str, isa: str | None, threads: int, batches: list
         st = m.model.new_state()
         first.append(m.model.prefill(st, [int(x) for x in rng.integers(0, m.config.vocab_size - 1, pos)])[1] or 0)
         states.append(st)
+    res = getattr(m.model, "resident", None)          # time the anonymous copy, not the mapped tiles
+    if res is not None:
+        res.wait()
     n0 = states[0].n
-    out = {"pos": n0, "steps": steps, "rows": {}}
-    for B in batches:
-        sts = states[:B]
-        for s in sts:
-            s.n = n0
-        m.model.step_batch(sts, first[:B])                     # warm-up
-        for s in sts:
-            s.n = n0
-        cur = first[:B]
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            cur = [a or 0 for a in m.model.step_batch(sts, cur)[1]]
-        dt = time.perf_counter() - t0
-        out["rows"][str(B)] = {"tok_s": B * steps / dt, "step_s": dt / steps}
+    out = {"pos": n0, "steps": steps, "rows": {}, "sweeps": BATCH_SWEEPS}
+    order = list(batches)
+    for sweep in range(BATCH_SWEEPS):                 # forward, then backward: each B's best of the sweeps
+        for B in (order if sweep % 2 == 0 else order[::-1]):
+            sts = states[:B]
+            for s in sts:
+                s.n = n0
+            m.model.step_batch(sts, first[:B])                     # warm-up
+            for s in sts:
+                s.n = n0
+            cur = first[:B]
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                cur = [a or 0 for a in m.model.step_batch(sts, cur)[1]]
+            dt = time.perf_counter() - t0
+            prev = out["rows"].get(str(B))
+            if prev is None or dt / steps < prev["step_s"]:
+                out["rows"][str(B)] = {"tok_s": B * steps / dt, "step_s": dt / steps}
     m.close()
     return out
 
@@ -983,7 +997,8 @@ def main(argv=None) -> int:
               + (f"; @{t800}: the 64 tokens ending at position {t800} of the same generation; @{t800}/@{t200}: "
                  f"decode at position {t800} over decode at position {t200} (the 64 tokens ending there)"
                  if t800 else "")
-              + f"; TTFT: a {prompt_len}-token prompt to its first token (best of {max(1, a.repeat)} run(s)); "
+              + f"; TTFT: a {prompt_len}-token prompt to its first token (the best of {TTFT_RUNS} random prompts in each of "
+              f"{max(1, a.repeat)} run(s)); "
               f"decode weights {'mapped from the tile cache' if a.cache == 'warm' else 'tiled in memory'}; "
               "KV cache: the default of each dtype (f32 for f32, binary16 for the others).",
               "- start-up: to the first forward step in a fresh process (weights + kernels + tokenizer + model), "
@@ -1119,7 +1134,8 @@ def _batch_table(batch_res: dict, batches: list, steps: int, llama_rows, llama_n
         return ["", "- batched decode: skipped (--no-batch)"]
     hdr = ["", "dtype", "-j"] + [f"B={b} tok/s" for b in batches]
     out = ["", f"Batched decode: aggregate tok/s of B concurrent greedy streams, each at position ~{'?'} after its own "
-           f"prompt, {steps} timed steps of Transformer.step_batch for all B (x: over B = 1 in the same row).", "",
+           f"prompt, {steps} timed steps of Transformer.step_batch for all B, each B the best of {BATCH_SWEEPS} sweeps over B "
+           f"(forward, backward) after the resident copy of the weights is in (x: over B = 1 in the same row).", "",
            "| " + " | ".join(hdr[1:]) + " |", "|" + "---|" * (len(hdr) - 1)]
     pos = None
     for (dt, j), v in batch_res.items():
