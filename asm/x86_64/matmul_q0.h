@@ -60,6 +60,14 @@
         .set    F_PF, -240                      // 1: this token block prefetches the next tile
         .set    F_SIZE, 256
 
+#ifndef MQ_PFW
+#  define MQ_PFW (MQ_NSW * MQ_VL < 256)         /* whether wide passes prefetch: not a whole-record pass */
+#endif
+#ifndef MQ_PFW2
+#  define MQ_PFW2 1
+#endif
+        .set    MQ_PFW_, MQ_PFW
+        .set    MQ_PFW2_, MQ_PFW2
 #ifndef MQ_PF_TOK
 #  define MQ_PF_TOK 16                          /* super-chunks of at most this many tokens prefetch */
 #endif
@@ -125,8 +133,10 @@
         .if \m < MQ_TB
         cmpq    $\m, %rax
         jne     .Lno\@
-        .if \m <= 2
-        mq_tokens \m, \rec, \nsub, MQ_NSW, \pf
+        .if \m * MQ_NSW <= MQ_TB
+        mq_tokens \m, \rec, \nsub, MQ_NSW, \pf*MQ_PFW_
+        .elseif MQ_NSW2 && \m * MQ_NSW2 <= MQ_TB
+        mq_tokens \m, \rec, \nsub, MQ_NSW2, \pf*MQ_PFW2_
         .else
         mq_tokens \m, \rec, \nsub, 1, \pf
         .endif

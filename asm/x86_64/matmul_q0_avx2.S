@@ -25,7 +25,8 @@
 
 #define MQ_TB 6
 #define MQ_VL 32
-#define MQ_NSW 2                                // sub-tiles of a wide pass (1-2 tokens): 64 bytes a group
+#define MQ_NSW 2                                // sub-tiles of a wide pass (1-3 tokens): 64 bytes a group
+#define MQ_NSW2 0                               // no second wide pass
         q0_const q0_mm_avx2, 32
 
         .macro  mq_consts
@@ -56,12 +57,13 @@
         .endm
 
         /* \m for (sub-tile s, token t) of \ns sub-tiles (only s = \sel if \sel >= 0): a wide pass (\ns = 2,
-           \mt <= 2) keeps (s, t)'s sums in ymm(2s + t) / ymm(6 + 2s + t) */
+           \mt <= 3) keeps (s, t)'s sums in ymm(3s + t) / ymm(6 + 3s + t) */
         .macro  each_st mt, ns, m, a=0, sel=-1
         .if \ns == 1
         each_tok \mt, \m, \a
         .else
-        MQ_ST(0, 0, 0, 6); MQ_ST(0, 1, 1, 7); MQ_ST(1, 0, 2, 8); MQ_ST(1, 1, 3, 9)
+        MQ_ST(0, 0, 0, 6); MQ_ST(0, 1, 1, 7); MQ_ST(0, 2, 2, 8)
+        MQ_ST(1, 0, 3, 9); MQ_ST(1, 1, 4, 10); MQ_ST(1, 2, 5, 11)
         .endif
         .endm
 

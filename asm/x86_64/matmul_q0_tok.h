@@ -50,7 +50,7 @@
         addq    %r14, %r13
         .endm
 
-        /* a wide pass's store (t < 2): token 1's row at r13 + r14 */
+        /* a wide pass's store (t < 4): token t's row at r13 + t * r14 (rcx = 3 * r14) */
         .macro  st_wide t, i, f, a
         testq   %r15, %r15
         jz      9f
@@ -58,8 +58,12 @@
 9:
         .if \t == 0
         vmovups %VR\f, MQ_WO(%r13)
-        .else
+        .elseif \t == 1
         vmovups %VR\f, MQ_WO(%r13,%r14)
+        .elseif \t == 2
+        vmovups %VR\f, MQ_WO(%r13,%r14,2)
+        .else
+        vmovups %VR\f, MQ_WO(%r13,%rcx)
         .endif
         .endm
 
@@ -67,6 +71,7 @@
         .if \ns == 1
         each_tok \mt, st_tok
         .else
+        leaq    (%r14,%r14,2), %rcx
         each_st \mt, \ns, st_wide
         .endif
         .endm
