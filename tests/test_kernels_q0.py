@@ -516,12 +516,13 @@ def test_matmul_tokens(mvvar, n_tok):
         check_mm(modes, kind, isa, w, XQ, XD, b, nt, tb, te, pads=(k * 5, k * 3, k * 7), seed=k + n_tok)
 
 
-@pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 6, 7, 8, 10, 14, 16, 17])
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 6, 7, 8, 10, 14, 16, 17, 32, 33])
 def test_matmul_small_batches(mvvar, n_tok):
-    """Batched decode's sizes: the wide pass of 1-2 tokens (zmm: the whole record, ymm: two sub-tiles; also
-    as the last block of 8 + 2, 6 + 2 or 6 + 6 + 2 tokens) and the next-tile prefetch of super-chunks of
-    <= 16 tokens, over several tiles (the prefetch runs past the range's last tile), odd block counts
-    and a padded last tile; the emulator takes the smaller cases."""
+    """Batched decode's sizes: the wide passes (zmm: the whole record for 1-2 tokens, two sub-tiles for 3-4;
+    ymm: two sub-tiles for 1-3; also as the last block of 8 + 2, 8 + 8 + 1, 6 + 2, 6 + 6 + 2 ... tokens) and
+    the next-tile prefetch of super-chunks of <= 32 tokens (33: none), over several tiles (the prefetch
+    runs past the range's last tile), odd block counts and a padded last tile; the emulator takes the
+    smaller cases."""
     kind, isa, modes = mvvar
     rng = np.random.default_rng(500 + n_tok)
     for k, (n_in, nt, tb, te, n_out) in enumerate(((800, 5, 1, 5, 300), (96, 3, 0, 3, 192), (3072, 2, 1, 2, 128))):

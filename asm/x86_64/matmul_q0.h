@@ -69,7 +69,7 @@
         .set    MQ_PFW_, MQ_PFW
         .set    MQ_PFW2_, MQ_PFW2
 #ifndef MQ_PF_TOK
-#  define MQ_PF_TOK 16                          /* super-chunks of at most this many tokens prefetch */
+#  define MQ_PF_TOK 32                          /* super-chunks of at most this many tokens prefetch */
 #endif
 
         /* one sub-tile loop for \mt tokens (all NSUB sub-tiles of the tile, \ns per pass: 1, or MQ_NSW in
