@@ -16,12 +16,19 @@
  * weight byte is loaded once per block of tokens (the tile's records stay in L2 between token blocks).
  * Every (token, output) gets exactly the matvec's sequence, hence its bits.
  *
+ * Small token blocks (batched decode).  A last block of few tokens takes several sub-tiles per pass (a
+ * wide pass, ns = MQ_NSW for m * MQ_NSW <= TB tokens, else MQ_NSW2 for <= 4): zmm 1-2 tokens the whole
+ * record (one forward stream), zmm 3-4 tokens and ymm 1-3 tokens 2 sub-tiles; the integer sums run in
+ * another order, the fp32 steps are the same.  And when a super-chunk has <= MQ_PF_TOK tokens, the first
+ * token block of each tile prefetches the next tile into L2 (prefetcht1, r10) while its passes run,
+ * except in whole-record passes (docs/notes.md "q0 matmul at small batches").
+ *
  * The including file defines MQ_TB, MQ_VL (vector bytes) and the macros
  *     mq_consts (rbx = constants)   mq_zero mt   mq_blk mt (one record's sub-tile, mt tokens)   mq_store mt
  *     mq_exit
  * Registers in the inner loop: rdi record + VL*j (group data; also the sub-tile's y / b offset),
- * r12 record + VL/2*j (scales), rax panel cursor, r11 blocks left, rbx constants;
- * mq_store: r13 y of token 0 + VL*j, r14 ldy in bytes, r15 b + VL*j or 0.
+ * r12 record + VL/2*j (scales), rax panel cursor, r11 blocks left, rbx constants, r10 prefetch cursor;
+ * mq_store: r13 y of token 0 + VL*j, r14 ldy in bytes, r15 b + VL*j or 0 (wide passes: rcx = 3 * ldy).
  */
 #ifndef GPT2ASM_X86_MATMUL_Q0_H
 #define GPT2ASM_X86_MATMUL_Q0_H

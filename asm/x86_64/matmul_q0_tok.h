@@ -11,6 +11,8 @@
  *     K80, M0F  the 0x80 / 0x0f bytes as a memory operand (avx512: an embedded {1to16} broadcast)
  * and the macros
  *     each_tok mt, m, a   \m t, i, f, \a for every token t < mt (int sum register i, fp32 sum register f)
+ *     each_st mt, ns, m, a, sel   the same for (sub-tile s, token t) of a pass of ns sub-tiles (ns = 1:
+ *                         each_tok; wide passes: MQ_ST's layout; sel >= 0: only sub-tile sel)
  *     q8s_w g             W0 = |w| of group g (the sign trick), and what q8s_tok needs of w's signs
  *     q8s_tok / q8v_tok / q4m_fin / q4v_tok t, i, f, g    the ISA's per-token dot steps
  * and gets mq_zero, mq_store, the blocks q8s_blk (q8_0 sign trick), q8v_blk (q8_0 VNNI), q4m_blk
