@@ -503,7 +503,7 @@ def acts(rng, n_tok: int, n_in: int):
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 
-@pytest.mark.parametrize("n_tok", [1, 2, 5, 6, 7, 8, 9, 13, 17])
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 16, 17, 18])
 def test_matmul_tokens(mvvar, n_tok):
     """Every token count around the register blocks (6 for ymm, 8 for zmm), strided rows, tile ranges."""
     kind, isa, modes = mvvar
@@ -514,6 +514,26 @@ def test_matmul_tokens(mvvar, n_tok):
         XQ, XD = acts(rng, n_tok, n_in)
         b = rng.standard_normal(nt * TILE).astype(np.float32) if k != 1 else None
         check_mm(modes, kind, isa, w, XQ, XD, b, nt, tb, te, pads=(k * 5, k * 3, k * 7), seed=k + n_tok)
+
+
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 6, 7, 8, 10, 14, 16, 17, 32, 33])
+def test_matmul_small_batches(mvvar, n_tok):
+    """Batched decode's sizes: the wide passes (zmm: the whole record for 1-2 tokens, two sub-tiles for 3-4;
+    ymm: two sub-tiles for 1-3; also as the last block of 8 + 2, 8 + 8 + 1, 6 + 2, 6 + 6 + 2 ... tokens) and
+    the next-tile prefetch of super-chunks of <= 32 tokens (33: none), over several tiles (the prefetch
+    runs past the range's last tile), odd block counts and a padded last tile; the emulator takes the
+    smaller cases."""
+    kind, isa, modes = mvvar
+    rng = np.random.default_rng(500 + n_tok)
+    for k, (n_in, nt, tb, te, n_out) in enumerate(((800, 5, 1, 5, 300), (96, 3, 0, 3, 192), (3072, 2, 1, 2, 128))):
+        use = modes if (n_in == 96 or n_tok <= 2 and n_in == 800) else [m for m in modes if m == "native"]
+        if not use:
+            continue
+        q, dw = make_weights(rng, kind, n_out, n_in, every_value=k == 1)
+        w = q0ref.tile(q, dw, kind)
+        XQ, XD = acts(rng, n_tok, n_in)
+        b = rng.standard_normal(nt * TILE).astype(np.float32) if k != 2 else None
+        check_mm(use, kind, isa, w, XQ, XD, b, nt, tb, te, pads=(k * 3, k, k * 5 + 1), seed=k + 3 * n_tok)
 
 
 @pytest.mark.parametrize("n_in", [800, 3072])

@@ -16,12 +16,19 @@
  * weight byte is loaded once per block of tokens (the tile's records stay in L2 between token blocks).
  * Every (token, output) gets exactly the matvec's sequence, hence its bits.
  *
+ * Small token blocks (batched decode).  A last block of few tokens takes several sub-tiles per pass (a
+ * wide pass, ns = MQ_NSW for m * MQ_NSW <= TB tokens, else MQ_NSW2 for <= 4): zmm 1-2 tokens the whole
+ * record (one forward stream), zmm 3-4 tokens and ymm 1-3 tokens 2 sub-tiles; the integer sums run in
+ * another order, the fp32 steps are the same.  And when a super-chunk has <= MQ_PF_TOK tokens, the first
+ * token block of each tile prefetches the next tile into L2 (prefetcht1, r10) while its passes run,
+ * except in whole-record passes (docs/notes.md "q0 matmul at small batches").
+ *
  * The including file defines MQ_TB, MQ_VL (vector bytes) and the macros
  *     mq_consts (rbx = constants)   mq_zero mt   mq_blk mt (one record's sub-tile, mt tokens)   mq_store mt
  *     mq_exit
  * Registers in the inner loop: rdi record + VL*j (group data; also the sub-tile's y / b offset),
- * r12 record + VL/2*j (scales), rax panel cursor, r11 blocks left, rbx constants;
- * mq_store: r13 y of token 0 + VL*j, r14 ldy in bytes, r15 b + VL*j or 0.
+ * r12 record + VL/2*j (scales), rax panel cursor, r11 blocks left, rbx constants, r10 prefetch cursor;
+ * mq_store: r13 y of token 0 + VL*j, r14 ldy in bytes, r15 b + VL*j or 0 (wide passes: rcx = 3 * ldy).
  */
 #ifndef GPT2ASM_X86_MATMUL_Q0_H
 #define GPT2ASM_X86_MATMUL_Q0_H
@@ -57,25 +64,53 @@
         .set    F_BT, -216                      // b of this tile or 0
         .set    F_PANEL, -224                   // the panel
         .set    F_SUB, -232                     // sub-tile counter
-        .set    F_SIZE, 240
+        .set    F_PF, -240                      // 1: this token block prefetches the next tile
+        .set    F_SIZE, 256
 
-        /* one sub-tile loop for \mt tokens (all NSUB sub-tiles of the tile) */
-        .macro  mq_tokens mt, rec, nsub
-        movq    $\nsub, F_SUB(%rbp)
+#ifndef MQ_PFW
+#  define MQ_PFW (MQ_NSW * MQ_VL < 256)         /* whether wide passes prefetch: not a whole-record pass */
+#endif
+#ifndef MQ_PFW2
+#  define MQ_PFW2 1
+#endif
+        .set    MQ_PFW_, MQ_PFW
+        .set    MQ_PFW2_, MQ_PFW2
+#ifndef MQ_PF_TOK
+#  define MQ_PF_TOK 32                          /* super-chunks of at most this many tokens prefetch */
+#endif
+
+        /* one sub-tile loop for \mt tokens (all NSUB sub-tiles of the tile, \ns per pass: 1, or MQ_NSW in
+           a wide pass of 1-2 tokens).  \pf: each record step also prefetches (prefetcht1, into L2) the
+           next \ppr lines of the next tile (r10 from F_WT + F_TREC on), so that the passes cover it */
+        .macro  mq_tokens mt, rec, nsub, ns, pf
+        .set    MQ_PPR\@, (\rec * \ns + 64 * \nsub - 1) / (64 * \nsub)   // lines per record step
+        movq    $\nsub/\ns, F_SUB(%rbp)
         movq    F_WT(%rbp), %rdi
         movq    F_WT(%rbp), %r12
         movq    F_YT(%rbp), %r13
         movq    F_BT(%rbp), %r15
+        .if \pf
+        movq    %rdi, %r10
+        addq    F_TREC(%rbp), %r10
+        .endif
 1:
         movq    F_PNL(%rbp), %rax
         movq    F_NB(%rbp), %r11
-        mq_zero \mt
+        mq_zero \mt, \ns
         testq   %r11, %r11
         jz      3f
         pushq   %rdi
         pushq   %r12
 2:
-        mq_blk  \mt
+        mq_blk  \mt, \ns
+        .if \pf
+        .set    MQ_PFO, 0
+        .rept   MQ_PPR\@
+        prefetcht1 MQ_PFO(%r10)
+        .set    MQ_PFO, MQ_PFO + 64
+        .endr
+        addq    $64*MQ_PPR\@, %r10
+        .endif
         addq    $\rec, %rdi
         addq    $\rec, %r12
         addq    $MQ_PB, %rax
@@ -86,33 +121,40 @@
 3:
         movq    F_LDY(%rbp), %r14
         pushq   %r13
-        mq_store \mt
+        mq_store \mt, \ns
         popq    %r13
-        addq    $MQ_VL, %rdi
-        addq    $MQ_VL/2, %r12
-        addq    $MQ_VL, %r13
+        addq    $MQ_VL*\ns, %rdi
+        addq    $MQ_VL/2*\ns, %r12
+        addq    $MQ_VL*\ns, %r13
         testq   %r15, %r15
         jz      4f
-        addq    $MQ_VL, %r15
+        addq    $MQ_VL*\ns, %r15
 4:
         decq    F_SUB(%rbp)
         jnz     1b
         .endm
 
-        /* a last token block of 1 .. TB-1 tokens (rax): its own unrolled loop, then to \done */
-        .macro  mq_try m, rec, nsub, done
+        /* a last token block of 1 .. TB-1 tokens (rax): its own unrolled loop (1-2 tokens: a wide
+           pass), then to \done */
+        .macro  mq_try m, rec, nsub, done, pf
         .if \m < MQ_TB
         cmpq    $\m, %rax
         jne     .Lno\@
-        mq_tokens \m, \rec, \nsub
+        .if \m * MQ_NSW <= MQ_TB
+        mq_tokens \m, \rec, \nsub, MQ_NSW, \pf*MQ_PFW_
+        .elseif MQ_NSW2 && \m * MQ_NSW2 <= MQ_TB
+        mq_tokens \m, \rec, \nsub, MQ_NSW2, \pf*MQ_PFW2_
+        .else
+        mq_tokens \m, \rec, \nsub, 1, \pf
+        .endif
         jmp     \done
 .Lno\@:
         .endif
         .endm
 
-        .macro  mq_dispatch rec, nsub, done
+        .macro  mq_dispatch rec, nsub, done, pf
         .irp    m, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
-        mq_try  \m, \rec, \nsub, \done
+        mq_try  \m, \rec, \nsub, \done, \pf
         .endr
         .endm
 
@@ -260,15 +302,29 @@
         movq    %rax, F_PNL(%rbp)
         movq    F_NTC(%rbp), %rax
         movq    %rax, F_MT(%rbp)                // tokens left in the super-chunk
+        xorl    %ecx, %ecx
+        cmpq    $MQ_PF_TOK, %rax
+        setbe   %cl
+        movq    %rcx, F_PF(%rbp)                // the first token block of a small super-chunk prefetches
 .Ltb\@:
         movq    F_MT(%rbp), %rax
         cmpq    $MQ_TB, %rax
         jb      .Lpart\@
-        mq_tokens MQ_TB, \rec, \nsub
+        cmpq    $0, F_PF(%rbp)
+        je      .Lfull0\@
+        mq_tokens MQ_TB, \rec, \nsub, 1, 1
+        jmp     .Lnexttb\@
+.Lfull0\@:
+        mq_tokens MQ_TB, \rec, \nsub, 1, 0
         jmp     .Lnexttb\@
 .Lpart\@:
-        mq_dispatch \rec, \nsub, .Lnexttb\@
+        cmpq    $0, F_PF(%rbp)
+        je      .Lpart0\@
+        mq_dispatch \rec, \nsub, .Lnexttb\@, 1
+.Lpart0\@:
+        mq_dispatch \rec, \nsub, .Lnexttb\@, 0
 .Lnexttb\@:
+        movq    $0, F_PF(%rbp)
         movq    F_NB(%rbp), %rax
         imulq   $MQ_PB, %rax, %rax
         addq    %rax, F_PNL(%rbp)

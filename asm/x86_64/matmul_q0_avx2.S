@@ -25,6 +25,8 @@
 
 #define MQ_TB 6
 #define MQ_VL 32
+#define MQ_NSW 2                                // sub-tiles of a wide pass (1-3 tokens): 64 bytes a group
+#define MQ_NSW2 0                               // no second wide pass
         q0_const q0_mm_avx2, 32
 
         .macro  mq_consts
@@ -54,13 +56,24 @@
         MQ_TOK(0, 6); MQ_TOK(1, 7); MQ_TOK(2, 8); MQ_TOK(3, 9); MQ_TOK(4, 10); MQ_TOK(5, 11)
         .endm
 
+        /* \m for (sub-tile s, token t) of \ns sub-tiles (only s = \sel if \sel >= 0): a wide pass (\ns = 2,
+           \mt <= 3) keeps (s, t)'s sums in ymm(3s + t) / ymm(6 + 3s + t) */
+        .macro  each_st mt, ns, m, a=0, sel=-1
+        .if \ns == 1
+        each_tok \mt, \m, \a
+        .else
+        MQ_ST(0, 0, 0, 6); MQ_ST(0, 1, 1, 7); MQ_ST(0, 2, 2, 8)
+        MQ_ST(1, 0, 3, 9); MQ_ST(1, 1, 4, 10); MQ_ST(1, 2, 5, 11)
+        .endif
+        .endm
+
         /* q8_0, sign trick: ymm12 = |w| of group \g; per token X * sign(w) by vpsignb */
         .macro  q8s_w g
-        vpabsb  128+256*\g(%rdi), %ymm12
+        vpabsb  128+256*\g+MQ_WO(%rdi), %ymm12
         .endm
         .macro  q8s_tok t, i, f, g
         vpbroadcastd 32*\t+4*\g(%rax), %ymm14
-        vpsignb 128+256*\g(%rdi), %ymm14, %ymm13        // X * sign(w)
+        vpsignb 128+256*\g+MQ_WO(%rdi), %ymm14, %ymm13       // X * sign(w)
         vpmaddubsw %ymm13, %ymm12, %ymm13
         vpmaddwd Q0_ONES(%rbx), %ymm13, %ymm13
         vpaddd  %ymm13, %ymm\i, %ymm\i

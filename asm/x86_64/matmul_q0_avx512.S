@@ -24,6 +24,8 @@
 
 #define MQ_TB 8
 #define MQ_VL 64
+#define MQ_NSW 4                                // sub-tiles of a wide pass (1-2 tokens): the whole record
+#define MQ_NSW2 2                               // and of 3-4 tokens (0: none)
         q0_const q0_mm_avx512, 64
 
         .macro  mq_consts
@@ -57,9 +59,24 @@
         MQ_TOK(4, 12); MQ_TOK(5, 13); MQ_TOK(6, 14); MQ_TOK(7, 15)
         .endm
 
+        /* \m for (sub-tile s, token t) of \ns sub-tiles (only s = \sel if \sel >= 0): a wide pass keeps
+           (s, t)'s sums in zmm(8 / ns * s + t) / zmm(8 + 8 / ns * s + t): \ns = 4 for 1-2 tokens (the
+           whole record), \ns = 2 for 3-4 tokens (128 bytes a group) */
+        .macro  each_st mt, ns, m, a=0, sel=-1
+        .if \ns == 1
+        each_tok \mt, \m, \a
+        .elseif \ns == 2
+        MQ_ST(0, 0, 0, 8); MQ_ST(0, 1, 1, 9); MQ_ST(0, 2, 2, 10); MQ_ST(0, 3, 3, 11)
+        MQ_ST(1, 0, 4, 12); MQ_ST(1, 1, 5, 13); MQ_ST(1, 2, 6, 14); MQ_ST(1, 3, 7, 15)
+        .else
+        MQ_ST(0, 0, 0, 8); MQ_ST(0, 1, 1, 9); MQ_ST(1, 0, 2, 10); MQ_ST(1, 1, 3, 11)
+        MQ_ST(2, 0, 4, 12); MQ_ST(2, 1, 5, 13); MQ_ST(3, 0, 6, 14); MQ_ST(3, 1, 7, 15)
+        .endif
+        .endm
+
         /* q8_0 sign trick: zmm16 = |w|, k1 = w < 0; per token X * sign(w) = X with -X where k1 */
         .macro  q8s_w g
-        vmovdqa64 128+256*\g(%rdi), %zmm16
+        vmovdqa64 128+256*\g+MQ_WO(%rdi), %zmm16
         vpmovb2m %zmm16, %k1
         vpabsb  %zmm16, %zmm16
         .endm

@@ -11,6 +11,8 @@
  *     K80, M0F  the 0x80 / 0x0f bytes as a memory operand (avx512: an embedded {1to16} broadcast)
  * and the macros
  *     each_tok mt, m, a   \m t, i, f, \a for every token t < mt (int sum register i, fp32 sum register f)
+ *     each_st mt, ns, m, a, sel   the same for (sub-tile s, token t) of a pass of ns sub-tiles (ns = 1:
+ *                         each_tok; wide passes: MQ_ST's layout; sel >= 0: only sub-tile sel)
  *     q8s_w g             W0 = |w| of group g (the sign trick), and what q8s_tok needs of w's signs
  *     q8s_tok / q8v_tok / q4m_fin / q4v_tok t, i, f, g    the ISA's per-token dot steps
  * and gets mq_zero, mq_store, the blocks q8s_blk (q8_0 sign trick), q8v_blk (q8_0 VNNI), q4m_blk
@@ -21,6 +23,11 @@
 
 /* each_tok's token t: the including file's one-line each_tok lists MQ_TOK(t, f) for its tokens */
 #define MQ_TOK(t, f)    .if \mt > t; \m t, t, f, \a; .endif
+/* each_st's (sub-tile s, token t) of a wide pass (1-2 tokens, MQ_NSW sub-tiles): int sum register i,
+   fp32 sum register f; MQ_WO = the sub-tile's byte offset in a group (its scales at MQ_WO / 2) */
+#define MQ_ST(s, t, i, f) .if \ns > s && \mt > t && (\sel < 0 || \sel == s); .set MQ_WO, MQ_VL*s; \m t, i, f, \a; .endif
+
+        .set    MQ_WO, 0
 
         .macro  zero_f t, i, f, a
         VPXOR   %VZ\f, %VZ\f, %VZ\f
@@ -32,8 +39,8 @@
         vpbroadcastd MQ_CO+4*\t(%rax), %VR\i    // s = -c * sum(xq[t] of the block)
         .endm
 
-        .macro  mq_zero mt
-        each_tok \mt, zero_f
+        .macro  mq_zero mt, ns
+        each_st \mt, \ns, zero_f
         .endm
 
         .macro  st_tok t, i, f, a
@@ -45,8 +52,30 @@
         addq    %r14, %r13
         .endm
 
-        .macro  mq_store mt
+        /* a wide pass's store (t < 4): token t's row at r13 + t * r14 (rcx = 3 * r14) */
+        .macro  st_wide t, i, f, a
+        testq   %r15, %r15
+        jz      9f
+        vaddps  MQ_WO(%r15), %VR\f, %VR\f      // y = acc + b
+9:
+        .if \t == 0
+        vmovups %VR\f, MQ_WO(%r13)
+        .elseif \t == 1
+        vmovups %VR\f, MQ_WO(%r13,%r14)
+        .elseif \t == 2
+        vmovups %VR\f, MQ_WO(%r13,%r14,2)
+        .else
+        vmovups %VR\f, MQ_WO(%r13,%rcx)
+        .endif
+        .endm
+
+        .macro  mq_store mt, ns
+        .if \ns == 1
         each_tok \mt, st_tok
+        .else
+        leaq    (%r14,%r14,2), %rcx
+        each_st \mt, \ns, st_wide
+        .endif
         .endm
 
         /* per token: acc = fma((float)s, xd * dw, acc); W0 = dw */
@@ -57,36 +86,50 @@
         vfmadd231ps PR, SF, %VR\f               // acc = fma(s, t, acc)
         .endm
 
-        .macro  flt mt
-        vcvtph2ps (%r12), W0
-        each_tok \mt, flt_tok
+        /* per sub-tile s < ns: W0 = its dw, then the tokens' fp32 steps (in every (token, output)'s
+           block order: one block per call) */
+        .macro  flt mt, ns
+        .irp    s, 0, 1, 2, 3
+        .if     \s < \ns
+        .set    MQ_WO, MQ_VL*\s
+        vcvtph2ps MQ_WO/2(%r12), W0
+        each_st \mt, \ns, flt_tok, 0, \s
+        .endif
+        .endr
+        .set    MQ_WO, 0
         .endm
 
-        /* one record's sub-tile: s = \init; per group g < \ngrp: \wop g (the weight operand), \tok per
-           token; then \fin per token (if any) and the fp32 step */
-        .macro  grp_blk mt, init, ngrp, wop, tok, fin
-        each_tok \mt, \init
+        /* one record's \ns sub-tiles (1, or MQ_NSW in a wide pass): s = \init; per group g < \ngrp and
+           sub-tile: \wop g (the weight operand, at MQ_WO), \tok per token; then \fin per token (if any)
+           and the fp32 step.  The integer sums' order is free; the fp32 step is the contract's. */
+        .macro  grp_blk mt, ns, init, ngrp, wop, tok, fin
+        each_st \mt, \ns, \init
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         .if     \g < \ngrp
+        .irp    s, 0, 1, 2, 3
+        .if     \s < \ns
+        .set    MQ_WO, MQ_VL*\s
         \wop    \g
-        each_tok \mt, \tok, \g
+        each_st \mt, \ns, \tok, \g, \s
+        .endif
+        .endr
         .endif
         .endr
         .ifnb   \fin
-        each_tok \mt, \fin
+        each_st \mt, \ns, \fin
         .endif
-        flt     \mt
+        flt     \mt, \ns
         .endm
 
         /* q8_0, VNNI: W0 = w ^ 0x80 of group \g */
         .macro  q8v_w g
-        VMOVA   128+256*\g(%rdi), W0
+        VMOVA   128+256*\g+MQ_WO(%rdi), W0
         VPXOR   K80, W0, W0                     // w + 128, unsigned
         .endm
 
         /* q4_0: W0 = u of group g, W1 = u of group g + 4 */
         .macro  nibbles g
-        VMOVA   128+256*\g(%rdi), W0
+        VMOVA   128+256*\g+MQ_WO(%rdi), W0
         vpsrlw  $4, W0, W1
         VPAND   M0F, W0, W0
         VPAND   M0F, W1, W1
@@ -101,23 +144,23 @@
         vpaddw  PR, %VR\i, %VR\i
         .endm
 
-        .macro  q8s_blk mt                      // q8_0, sign trick
-        grp_blk \mt, zero_i, 8, q8s_w, q8s_tok
+        .macro  q8s_blk mt, ns                  // q8_0, sign trick
+        grp_blk \mt, \ns, zero_i, 8, q8s_w, q8s_tok
         .endm
-        .macro  q8v_blk mt                      // q8_0, VNNI
-        grp_blk \mt, corr_i, 8, q8v_w, q8v_tok
+        .macro  q8v_blk mt, ns                  // q8_0, VNNI
+        grp_blk \mt, \ns, corr_i, 8, q8v_w, q8v_tok
         .endm
-        .macro  q4m_blk mt                      // q4_0, vpmaddubsw
-        grp_blk \mt, zero_i, 4, nibbles, q4m_tok, q4m_fin
+        .macro  q4m_blk mt, ns                  // q4_0, vpmaddubsw
+        grp_blk \mt, \ns, zero_i, 4, nibbles, q4m_tok, q4m_fin
         .endm
-        .macro  q4v_blk mt                      // q4_0, VNNI
-        grp_blk \mt, corr_i, 4, nibbles, q4v_tok
+        .macro  q4v_blk mt, ns                  // q4_0, VNNI
+        grp_blk \mt, \ns, corr_i, 4, nibbles, q4v_tok
         .endm
 
         /* the kernel \name: matmul_q0.h's mm_q0 \rec, \csh, \nsub over the block \blk */
         .macro  mq_fn name, blk, rec, csh, nsub
-        .macro  mq_blk mt
-        \blk    \mt
+        .macro  mq_blk mt, ns
+        \blk    \mt, \ns
         .endm
 function \name
         mm_q0   \rec, \csh, \nsub
