@@ -122,7 +122,7 @@
  *     out_h  = sum_t p_t v_h[t]   (o = +0.0; o = fma(p_t, v_h[t], o) for t = 0, 1, ...)
  *   scratch: (head_end - head_begin) rows of S = roundup16(n_pos) floats; n_pos >= 1.
  */
-#define A_LOC       72                              /* locals below the six saved registers */
+#define A_LOC       88                              /* locals below the six saved registers */
 #define L_OUT        0                              /* out + 64 head_begin                  */
 #define L_N4         8                              /* n_pos rounded down to 4              */
 #define L_O1        16                              /* tail group: byte offsets of rows 1, 2 */
@@ -132,6 +132,7 @@
 #define L_G         48                              /* heads per group                      */
 #define L_DK        56                              /* prefetch: k_h[t] -> V_h[t + PFN - n_pos] */
 #define L_DV        64                              /* prefetch: v_h[t] -> K_h+G[t + PFN - n_pos] */
+#define L_PFB       72                              /* prefetch: 64 es PFN, 0 = no prefetch   */
 #ifndef ATT_GROUP
 #define ATT_GROUP   4
 #endif
@@ -238,15 +239,18 @@
         movq        %r13, %r10
 #if ATT_PF
         leaq        ATT_PFN(%rax), %rcx             // prefetch offset from k_h[t]: 64 es PFN, or
-        cmpq        %r9, %rcx                       // into V_h once t + PFN >= n_pos
-        movq        $(64*\es*ATT_PFN), %rcx
+        cmpq        %r9, %rcx                       // into V_h once t + PFN >= n_pos (0: none)
+        movq        L_PFB(%rsp), %rcx
         cmovaeq     L_DK(%rsp), %rcx
 #endif
         .endif
 .Lsc\@:
         .if \tail == 0
 #if ATT_PF
+        testq       %rcx, %rcx
+        jz          .Lnpk\@
         pflines     %r15, %rcx, (4*\es)             // the 4 rows PFN positions on
+.Lnpk\@:
 #endif
         .endif
         ldrow       4, %rbp, 0, 8, 9, 10, 11, 12, 13, 14, 15
@@ -285,15 +289,18 @@
         .if \n == 4
 #if ATT_PF
         leaq        ATT_PFN(%r15), %rbp             // prefetch offset from v_h[t]: 64 es PFN, or
-        cmpq        %r9, %rbp                       // into K_h+G once t + PFN >= n_pos
-        movq        $(64*\es*ATT_PFN), %rbp
+        cmpq        %r9, %rbp                       // into K_h+G once t + PFN >= n_pos (0: none)
+        movq        L_PFB(%rsp), %rbp
         cmovaeq     L_DV(%rsp), %rbp
 #endif
         .endif
 .Lpv\@:
         .if \n == 4
 #if ATT_PF
+        testq       %rbp, %rbp
+        jz          .Lnpv\@
         pflines     %rax, %rbp, (4*\es)             // the 4 rows PFN positions on
+.Lnpv\@:
 #endif
         .endif
         pvgroup     \es, \n
@@ -355,6 +362,11 @@ function \name
         cmovbeq     %rcx, %rax
         movq        %rax, L_G(%rsp)
 #if ATT_PF
+        movq        $0, L_PFB(%rsp)                 // groups of 1 (long rows): no prefetch
+        movq        $0, L_DK(%rsp)
+        cmpq        $1, %rax
+        je          31f
+        movq        $(64*\es*ATT_PFN), L_PFB(%rsp)
         movq        %r9, %rcx
         shlq        $(6 + \es/2), %rcx              // n_pos rows in bytes
         movq        %rdx, %rbx
@@ -371,6 +383,7 @@ function \name
         addq        %r12, %rbx
         decq        %r10
         jnz         30b
+31:
 #endif
 1:                                                  // the next group of heads
         movq        L_LEFT(%rsp), %r13
@@ -379,6 +392,9 @@ function \name
         cmovaq      %rax, %r13                      // heads of this group
         subq        %r13, L_LEFT(%rsp)
 #if ATT_PF
+        xorl        %eax, %eax
+        cmpq        $0, L_PFB(%rsp)
+        je          32f
         movq        %r13, %rax                      // L_DV: K_h+G - V_h - 64 es n_pos + 64 es PFN while
         imulq       %r12, %rax                      // the next group has G heads, else 0
         addq        %rsi, %rax
@@ -390,6 +406,7 @@ function \name
         xorl        %ecx, %ecx
         cmpq        %r13, L_LEFT(%rsp)
         cmovbq      %rcx, %rax
+32:
         movq        %rax, L_DV(%rsp)
 #endif
 
