@@ -157,6 +157,9 @@
 #ifndef ATT_PFOP
 #define ATT_PFOP    prefetcht2
 #endif
+#ifndef ATT_PFMAX
+#define ATT_PFMAX   32768
+#endif
 
 /* pflines p, i, n: ATT_PFOP of the n lines from (\p,\i), or from (\p) with i blank */
         .macro  pflines p, i, n
@@ -362,10 +365,12 @@ function \name
         cmovbeq     %rcx, %rax
         movq        %rax, L_G(%rsp)
 #if ATT_PF
-        movq        $0, L_PFB(%rsp)                 // groups of 1 (long rows): no prefetch
-        movq        $0, L_DK(%rsp)
+        movq        $0, L_PFB(%rsp)                 // groups of 1, or rows over ATT_PFMAX bytes:
+        movq        $0, L_DK(%rsp)                  // no prefetch
         cmpq        $1, %rax
         je          31f
+        cmpq        $(ATT_PFMAX / (64*\es)), %r9
+        ja          31f
         movq        $(64*\es*ATT_PFN), L_PFB(%rsp)
         movq        %r9, %rcx
         shlq        $(6 + \es/2), %rcx              // n_pos rows in bytes
