@@ -140,13 +140,17 @@
 #define ATT_SHORT   65536
 #endif
 /*
- * Software prefetch of the cache rows (ATT_PF = 1; -DATT_PF=0 builds without it): each head's rows are
- * read as one logical stream, K_h then V_h then K_h+G (the same head of the next group, G heads per
- * group), and every group of 4 positions of a head prefetches (ATT_PFOP) its 4 rows ATT_PFN positions
- * further along that stream: k_h[t + PFN] while t + PFN < n_pos, else v_h[t + PFN - n_pos]; in p.V
- * v_h[t + PFN], else k_h+G[t + PFN - n_pos] (nothing new for the last group, or a next group with
- * fewer heads: then the rows being read are named again).  The first ATT_PFN rows of the first
- * group's K are prefetched on entry.  Prefetches are hints: they never fault and change no result.
+ * Software prefetch of the cache rows (ATT_PF = 1; -DATT_PF=0 builds without it), while the heads are
+ * interleaved (groups of G > 1) and a head's rows are at most ATT_PFMAX (32 KiB) bytes (binary16: n_pos
+ * <= 256, float32: <= 128): each head's rows are read as one logical stream, K_h then V_h then K_h+G
+ * (the same head of the next group), and every group of 4 positions of a head first prefetches
+ * (ATT_PFOP) the 4 rows ATT_PFN (16) positions further along that stream: in the scores k_h[t + PFN]
+ * while t + PFN < n_pos, else v_h[t + PFN - n_pos]; in p.V v_h[t + PFN], else k_h+G[t + PFN - n_pos]
+ * (nothing for the last group, or when the next group has fewer heads).  On entry the first PFN rows of
+ * the first group's K.  The last 1..3 positions (tail groups) prefetch nothing.  Prefetches are hints:
+ * they never fault and change no result.  Measured on Zen 4 (docs/notes.md): the batched decode's
+ * binary16 BATTN 10-25 % faster at positions 100-200; with groups of 1 or longer rows no better or
+ * slower (the hardware prefetchers follow those), hence the limits.
  */
 #ifndef ATT_PF
 #define ATT_PF      1
