@@ -6,6 +6,8 @@ As a script:    python build.py [--cc CC] [--target TRIPLE] [--out DIR] [--check
     preprocessor) and links them into gpt2asm/libgpt2asm.so (.dylib for macOS targets).  The library's
     build id is the SHA-256 of the sources, so the package can tell a stale library from a fresh one.
     --check only says whether the library is up to date (exit 1 if not).
+    $GPT2ASM_ASFLAGS: extra assembler flags for experiments, e.g. GPT2ASM_ASFLAGS='-DATT_PF=0' (kernel
+    knobs; the build id stays the sources' hash, so such a library is not told apart from a plain one).
     Cross builds (from x86-64 Linux, with clang and lld; Debian: apt-get install clang-19 lld-19 llvm-19):
         --target aarch64-linux-gnu       -> build/aarch64-linux-gnu/libgpt2asm.so
         --target arm64-apple-macos14     -> build/arm64-apple-macos14/libgpt2asm.dylib (ld64.lld, no SDK)
@@ -263,7 +265,7 @@ def compile_library(out_dir: Path, cc: str | None = None, target: str | None = N
     cc = cc or default_cc(target)
     units = [p for p in sources(arch) if p.suffix == ".S" and "_" in p.stem]
     flags = ["-x", "assembler-with-cpp", f"-I{ROOT / 'asm' / arch}", f"-I{ROOT / 'asm'}",
-             f'-DGPT2ASM_BUILD_ID="{source_hash(arch)}"']
+             f'-DGPT2ASM_BUILD_ID="{source_hash(arch)}"', *os.environ.get("GPT2ASM_ASFLAGS", "").split()]
     if target:
         flags.append(f"--target={target}")
     out_dir.mkdir(parents=True, exist_ok=True)

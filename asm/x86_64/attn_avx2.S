@@ -122,7 +122,7 @@
  *     out_h  = sum_t p_t v_h[t]   (o = +0.0; o = fma(p_t, v_h[t], o) for t = 0, 1, ...)
  *   scratch: (head_end - head_begin) rows of S = roundup16(n_pos) floats; n_pos >= 1.
  */
-#define A_LOC       56                              /* locals below the six saved registers */
+#define A_LOC       88                              /* locals below the six saved registers */
 #define L_OUT        0                              /* out + 64 head_begin                  */
 #define L_N4         8                              /* n_pos rounded down to 4              */
 #define L_O1        16                              /* tail group: byte offsets of rows 1, 2 */
@@ -130,12 +130,54 @@
 #define L_CNT       32                              /* tail loops: heads left               */
 #define L_LEFT      40                              /* heads after this group               */
 #define L_G         48                              /* heads per group                      */
+#define L_DK        56                              /* prefetch: k_h[t] -> V_h[t + PFN - n_pos] */
+#define L_DV        64                              /* prefetch: v_h[t] -> K_h+G[t + PFN - n_pos] */
+#define L_PFB       72                              /* prefetch: 64 es PFN, 0 = no prefetch   */
 #ifndef ATT_GROUP
 #define ATT_GROUP   4
 #endif
 #ifndef ATT_SHORT
 #define ATT_SHORT   65536
 #endif
+/*
+ * Software prefetch of the cache rows (ATT_PF = 1; -DATT_PF=0 builds without it), while the heads are
+ * interleaved (groups of G > 1) and a head's rows are at most ATT_PFMAX (32 KiB) bytes (binary16: n_pos
+ * <= 256, float32: <= 128): each head's rows are read as one logical stream, K_h then V_h then K_h+G
+ * (the same head of the next group), and every group of 4 positions of a head first prefetches
+ * (ATT_PFOP) the 4 rows ATT_PFN (16) positions further along that stream: in the scores k_h[t + PFN]
+ * while t + PFN < n_pos, else v_h[t + PFN - n_pos]; in p.V v_h[t + PFN], else k_h+G[t + PFN - n_pos]
+ * (nothing for the last group, or when the next group has fewer heads).  On entry the first PFN rows of
+ * the first group's K.  The last 1..3 positions (tail groups) prefetch nothing.  Prefetches are hints:
+ * they never fault and change no result.  Measured on Zen 4 (docs/notes.md): the batched decode's
+ * binary16 BATTN 10-25 % faster at positions 100-200; with groups of 1 or longer rows no better or
+ * slower (the hardware prefetchers follow those), hence the limits.
+ */
+#ifndef ATT_PF
+#define ATT_PF      1
+#endif
+#ifndef ATT_PFN
+#define ATT_PFN     16
+#endif
+#ifndef ATT_PFOP
+#define ATT_PFOP    prefetcht2
+#endif
+#ifndef ATT_PFMAX
+#define ATT_PFMAX   32768
+#endif
+
+/* pflines p, i, n: ATT_PFOP of the n lines from (\p,\i), or from (\p) with i blank */
+        .macro  pflines p, i, n
+        .set        pf_off, 0
+        .rept       \n
+        .ifb \i
+        ATT_PFOP    pf_off(\p)
+        .else
+        ATT_PFOP    pf_off(\p,\i)
+        .endif
+        .set        pf_off, pf_off + 64
+        .endr
+        .endm
+
 #define A_STRIDE    (A_LOC + 56)                    /* stack arguments                      */
 #define A_BEGIN     (A_LOC + 64)
 #define A_END       (A_LOC + 72)
@@ -202,8 +244,22 @@
         movq        %r13, L_CNT(%rsp)               // (r10 and rcx hold rows 1, 2)
         .else
         movq        %r13, %r10
+#if ATT_PF
+        leaq        ATT_PFN(%rax), %rcx             // prefetch offset from k_h[t]: 64 es PFN, or
+        cmpq        %r9, %rcx                       // into V_h once t + PFN >= n_pos (0: none)
+        movq        L_PFB(%rsp), %rcx
+        cmovaeq     L_DK(%rsp), %rcx
+#endif
         .endif
 .Lsc\@:
+        .if \tail == 0
+#if ATT_PF
+        testq       %rcx, %rcx
+        jz          .Lnpk\@
+        pflines     %r15, %rcx, (4*\es)             // the 4 rows PFN positions on
+.Lnpk\@:
+#endif
+        .endif
         ldrow       4, %rbp, 0, 8, 9, 10, 11, 12, 13, 14, 15
         .if \tail
         movq        L_O1(%rsp), %r10
@@ -237,7 +293,23 @@
         movq        L_OUT(%rsp), %rcx
         leaq        (%r8,%r15,4), %rbx              // p of head 0 at t
         movq        %r13, %r10
+        .if \n == 4
+#if ATT_PF
+        leaq        ATT_PFN(%r15), %rbp             // prefetch offset from v_h[t]: 64 es PFN, or
+        cmpq        %r9, %rbp                       // into K_h+G once t + PFN >= n_pos (0: none)
+        movq        L_PFB(%rsp), %rbp
+        cmovaeq     L_DV(%rsp), %rbp
+#endif
+        .endif
 .Lpv\@:
+        .if \n == 4
+#if ATT_PF
+        testq       %rbp, %rbp
+        jz          .Lnpv\@
+        pflines     %rax, %rbp, (4*\es)             // the 4 rows PFN positions on
+.Lnpv\@:
+#endif
+        .endif
         pvgroup     \es, \n
         addq        %r12, %rax
         addq        $256, %rcx
@@ -296,12 +368,56 @@ function \name
         cmpq        $(ATT_SHORT / (64*\es)), %r9
         cmovbeq     %rcx, %rax
         movq        %rax, L_G(%rsp)
+#if ATT_PF
+        movq        $0, L_PFB(%rsp)                 // groups of 1, or rows over ATT_PFMAX bytes:
+        movq        $0, L_DK(%rsp)                  // no prefetch
+        cmpq        $1, %rax
+        je          31f
+        cmpq        $(ATT_PFMAX / (64*\es)), %r9
+        ja          31f
+        movq        $(64*\es*ATT_PFN), L_PFB(%rsp)
+        movq        %r9, %rcx
+        shlq        $(6 + \es/2), %rcx              // n_pos rows in bytes
+        movq        %rdx, %rbx
+        subq        %rsi, %rbx
+        subq        %rcx, %rbx
+        addq        $(64*\es*ATT_PFN), %rbx
+        movq        %rbx, L_DK(%rsp)                // V_h - K_h - 64 es n_pos + 64 es PFN
+        movq        %r13, %r10
+        cmpq        %rax, %r10
+        cmovaq      %rax, %r10                      // the first group's heads: their first PFN rows of K
+        movq        %rsi, %rbx
+30:
+        pflines     %rbx, , (\es*ATT_PFN)
+        addq        %r12, %rbx
+        decq        %r10
+        jnz         30b
+31:
+#endif
 1:                                                  // the next group of heads
         movq        L_LEFT(%rsp), %r13
         movq        L_G(%rsp), %rax
         cmpq        %rax, %r13
         cmovaq      %rax, %r13                      // heads of this group
         subq        %r13, L_LEFT(%rsp)
+#if ATT_PF
+        xorl        %eax, %eax
+        cmpq        $0, L_PFB(%rsp)
+        je          32f
+        movq        %r13, %rax                      // L_DV: K_h+G - V_h - 64 es n_pos + 64 es PFN while
+        imulq       %r12, %rax                      // the next group has G heads, else 0
+        addq        %rsi, %rax
+        subq        %rdx, %rax
+        movq        %r9, %rcx
+        shlq        $(6 + \es/2), %rcx
+        subq        %rcx, %rax
+        addq        $(64*\es*ATT_PFN), %rax
+        xorl        %ecx, %ecx
+        cmpq        %r13, L_LEFT(%rsp)
+        cmovbq      %rcx, %rax
+32:
+        movq        %rax, L_DV(%rsp)
+#endif
 
         /* scores: groups of 4 positions, the heads one after the other within a group */
         quads       %rax, %eax, 2, 3, score_heads \es, 0
