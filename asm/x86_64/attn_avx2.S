@@ -178,6 +178,14 @@
         .endr
         .endm
 
+/* pfrows p, i, n: pflines p, i, n unless i (the prefetch offset) is 0 */
+        .macro  pfrows p, i, n
+        testq       \i, \i
+        jz          .Lnopf\@
+        pflines     \p, \i, \n
+.Lnopf\@:
+        .endm
+
 #define A_STRIDE    (A_LOC + 56)                    /* stack arguments                      */
 #define A_BEGIN     (A_LOC + 64)
 #define A_END       (A_LOC + 72)
@@ -254,10 +262,7 @@
 .Lsc\@:
         .if \tail == 0
 #if ATT_PF
-        testq       %rcx, %rcx
-        jz          .Lnpk\@
-        pflines     %r15, %rcx, (4*\es)             // the 4 rows PFN positions on
-.Lnpk\@:
+        pfrows      %r15, %rcx, (4*\es)             // the 4 rows PFN positions on
 #endif
         .endif
         ldrow       4, %rbp, 0, 8, 9, 10, 11, 12, 13, 14, 15
@@ -304,10 +309,7 @@
 .Lpv\@:
         .if \n == 4
 #if ATT_PF
-        testq       %rbp, %rbp
-        jz          .Lnpv\@
-        pflines     %rax, %rbp, (4*\es)             // the 4 rows PFN positions on
-.Lnpv\@:
+        pfrows      %rax, %rbp, (4*\es)             // the 4 rows PFN positions on
 #endif
         .endif
         pvgroup     \es, \n
