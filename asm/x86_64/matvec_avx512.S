@@ -7,19 +7,20 @@
  *     y[o] = acc + b[o]        (y[o] = acc when b is NULL)
  * so the outputs are bit-identical to the AVX2 variant.
  *
- * One tile's 64 sums are only 4 zmm, i.e. 4 dependent FMA chains: too few to cover the FMA latency
- * on a core with two 512-bit FMA pipes.  So the tiles are taken two at a time (tiles t and t+1,
- * 8 chains in zmm0-7, each x[i] broadcast once for both); the two tiles are two forward streams
- * n_in rows apart.  An odd last tile runs alone on zmm0-3.  The row loop is unrolled by 4.
- * Only AVX-512F instructions are used, and only zmm0-15 (nothing is left in zmm16-31, so the final
+ * One tile's 64 sums are 4 zmm (zmm0-3), 4 FMA chains: enough at the rate the weights come from DRAM
+ * (one zmm FMA per 64 bytes of fp32, per 32 bytes of fp16) -- the tiles are taken one after the other,
+ * so the weights stream strictly in address order, one forward stream.  Taking tiles t and t+1 together
+ * (8 chains, two forward streams n_in rows apart, the earlier form of this kernel) covered the FMA
+ * latency for weights in cache but read DRAM at 0.87-0.94 of a plain read against 0.93-1.0 for one
+ * stream (docs/notes.md "matvec (AVX-512)"); decode reads DRAM.  The row loop is unrolled by 4.
+ * Only AVX-512F instructions are used, and only zmm0-3, 8-15 (nothing is left in zmm16-31, so the final
  * vzeroupper leaves no dirty upper state behind).
  *
  * Registers (both functions):
- *     rdi  w: current row of tile t                         rax  the same row of tile t+1
+ *     rdi  w: current row of the tile
  *     rsi  x (argument)        rdx  b (+64*tile_begin) or NULL        rcx  y (+64*tile_begin)
  *     r8   n_in                r9   tiles left       r10  x cursor     r11  row counter
- *     zmm0-3  tile t sums      zmm4-7  tile t+1 sums     zmm8-11  x[i] broadcasts
- *     zmm12-15  widened fp16 weights
+ *     zmm0-3  the tile's sums  zmm8-11  x[i] broadcasts  zmm12-15  widened fp16 weights
  */
 #include "asm.S"
 #include "rows4.h"
@@ -47,67 +48,39 @@
         movq    %rax, %r9                       // tiles left
         .endm
 
-        /* acc = +0.0 for \nt tiles (1 or 2) */
-        .macro  zero_acc nt
-        vclear  vpxord, zmm, 0, 1, 2, 3
-        .if \nt == 2
-        vclear  vpxord, zmm, 4, 5, 6, 7
-        .endif
-        .endm
-
-        /* y[64k .. 64k+63] = acc + b[...] (or = acc when b is NULL) for the \nt tiles, then advance
-         * b and y past them */
-        .macro  store_acc nt
+        /* y[64t .. 64t+63] = acc + b[...] (or = acc when b is NULL), then b and y past the tile */
+        .macro  store_acc
         testq   %rdx, %rdx
         jz      8f
         vmemop  vaddps, %rdx, 0, 64, zmm, 0,1,2,3
-        .if \nt == 2
-        vmemop  vaddps, %rdx, 256, 64, zmm, 4,5,6,7
-        .endif
-        addq    $256*\nt, %rdx
+        addq    $256, %rdx
 8:
         vstore  %rcx, 0, 64, zmm, 0,1,2,3
-        .if \nt == 2
-        vstore  %rcx, 256, 64, zmm, 4,5,6,7
-        .endif
-        addq    $256*\nt, %rcx
+        addq    $256, %rcx
         .endm
 
-        /* one fp32 row of \nt tiles: acc[k] = fma(w[t][row][16k .. 16k+15], xb, acc[k]);
-         * tile t's row at \off(%rdi), tile t+1's at \off(%rax) */
-        .macro  row_f32 off, xb, nt
+        /* one fp32 row of the tile: acc[k] = fma(w[t][row][16k .. 16k+15], xb, acc[k]) */
+        .macro  row_f32 off, xb
         vmemop3 vfmadd231ps, \xb, %rdi, \off+0, 64, zmm, 0,1,2,3
-        .if \nt == 2
-        vmemop3 vfmadd231ps, \xb, %rax, \off+0, 64, zmm, 4,5,6,7
-        .endif
         .endm
 
-        /* one fp16 row (128 bytes per tile): widen 16 halves at a time exactly, then the same FMAs */
-        .macro  row_f16 off, xb, nt
+        /* one fp16 row (128 bytes): widen 16 halves at a time exactly, then the same FMAs */
+        .macro  row_f16 off, xb
         vwidenfma4  f16, zmm, %rdi, \off+0, 32, \xb, 0, 1, 2, 3
-        .if \nt == 2
-        vwidenfma4  f16, zmm, %rax, \off+0, 32, \xb, 4, 5, 6, 7
-        .endif
         .endm
 
-        /* all n_in rows of \nt tiles starting at rdi (and rax) (\row: row_f32 / row_f16, \rs: row
-         * bytes); leaves rdi (rax) just past the last row of tile t (t+1), the sums in zmm0-7 */
-        .macro  tile_rows row, rs, nt
+        /* all n_in rows of the tile at rdi (\row: row_f32 / row_f16, \rs: row bytes); leaves rdi
+         * just past its last row (= row 0 of the next tile), the sums in zmm0-3 */
+        .macro  tile_rows row, rs
         rows4   %rsi, %r8, zmm
-        \row    0*\rs, %zmm8,  \nt
-        \row    1*\rs, %zmm9,  \nt
-        \row    2*\rs, %zmm10, \nt
-        \row    3*\rs, %zmm11, \nt
+        \row    0*\rs, %zmm8
+        \row    1*\rs, %zmm9
+        \row    2*\rs, %zmm10
+        \row    3*\rs, %zmm11
         addq    $4*\rs, %rdi
-        .if \nt == 2
-        addq    $4*\rs, %rax
-        .endif
         rows4_next %r8, zmm
-        \row    0, %zmm8, \nt
+        \row    0, %zmm8
         addq    $\rs, %rdi
-        .if \nt == 2
-        addq    $\rs, %rax
-        .endif
         addq    $4, %r10
         decq    %r11
         jnz     4b
@@ -117,26 +90,13 @@
         /* the whole kernel for one weight type (\rb = log2 \rs) */
         .macro  matvec_body row, rs, rb
         matvec_setup \rb, 9f
-        cmpq    $2, %r9
-        jb      7f
         .p2align 4
-1:                                              // tiles t, t+1
-        zero_acc 2
-        movq    %r8, %rax
-        shlq    $\rb, %rax                      // tile size = n_in * row
-        addq    %rdi, %rax                      // row 0 of tile t+1
-        tile_rows \row, \rs, 2
-        movq    %rax, %rdi                      // rax is at tile t+2 now
-        store_acc 2
-        subq    $2, %r9
-        cmpq    $2, %r9
-        jae     1b
-7:
-        testq   %r9, %r9
-        jz      9f
-        zero_acc 1                              // the odd last tile
-        tile_rows \row, \rs, 1
-        store_acc 1
+1:                                              // tile after tile, in address order
+        vclear  vpxord, zmm, 0, 1, 2, 3         // acc = +0.0
+        tile_rows \row, \rs
+        store_acc
+        decq    %r9
+        jnz     1b
 9:
         vzeroupper
         ret
