@@ -10,7 +10,8 @@ Every figure runs in its own fresh Python process (tools/bench.py --worker SPEC)
 the measurements neither share memory nor threads. The machine is shared: compare ratios, not figures
 from different runs. Columns:
 
-    tok/s @200     greedy decode after a 9-token prompt, tokens 2..200 (the first one is the prompt's)
+    tok/s @200     greedy decode after a 9-token prompt, tokens 2..200 (the first one is the prompt's); the
+                   best of --decode-runs generations (default 3) in the row's process
     tok/s @800     the same generation continued: the 64 tokens ending at position 800
     @800/@200      decode at position 800 over decode at position 200, both over the 64 tokens ending there
     @800/@200      a decode step at position 800 against one at position 200, alternating in one process
@@ -80,6 +81,7 @@ FMAPEAK = {"x86_64": {"avx2": ("gpt2asm_fmapeak_f32_avx2", 192), "avx512": ("gpt
 TEXT = ROOT / "tools" / "data" / "ppl.txt"      # the public-domain text of the "PPL vs fp32" column
 BATCHES = (1, 2, 4, 8, 16, 32)
 TTFT_RUNS = 3                                   # TTFT: the best of this many prompts per row process
+DECODE_RUNS = 3                                 # tok/s @200: the best of this many generations per row process
 BATCH_SWEEPS = 2                                # batched decode: each B the best of this many sweeps over B
 
 
@@ -256,7 +258,8 @@ def w_startup(model: str, dtype: str, cache: str) -> dict:
     return {"seconds": secs, "first_step_s": first, "imports_s": imports, **detail}
 
 
-def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_len: int, cache: str) -> dict:
+def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_len: int, cache: str,
+           decode_runs: int = 1) -> dict:
     import numpy as np
 
     from gpt2asm.resident import matrix_slots
@@ -292,6 +295,18 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
             out[f"tok_s_{t}"] = (g - 1) / (stamps[g - 1] - stamps[0])
         else:
             out[f"tok_s_{t}"] = out[f"tok_s_{t}_local"]
+    # the first position's rate again, from the start (decode_runs generations in all): one generation is
+    # at the mercy of the machine's neighbours for its few seconds; the best of them is kept
+    t = min(tokens)
+    if f"tok_s_{t}" in out and decode_runs > 1:
+        rates = [out[f"tok_s_{t}"]]
+        for _ in range(decode_runs - 1):
+            stamps = []
+            for _ in m.generate_ids(ids, t - pos0 + 1, temperature=0):
+                stamps.append(time.perf_counter())
+            g = t - pos0
+            rates.append((g - 1) / (stamps[g - 1] - stamps[0]))
+        out[f"tok_s_{t}"], out[f"tok_s_{t}_runs"] = max(rates), rates
     # per-token overhead: wall time of a step outside the library's plan_step (Python, ctypes, sampling)
     k = m.model.k
     if getattr(k, "plan_step", None) is not None:
@@ -731,6 +746,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ppl-tokens", type=int, default=None,
                     help=f"tokens of {TEXT.relative_to(ROOT)} to score (default 0 = all; quick 256)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each of our rows; the best is kept")
+    ap.add_argument("--decode-runs", type=int, default=None,
+                    help=f"greedy generations to the first --tokens position per row process, the best rate "
+                         f"kept (default {DECODE_RUNS}; quick 1)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-startup", action="store_true")
@@ -767,6 +785,9 @@ def main(argv=None) -> int:
     srv_tokens = a.server_tokens or (16 if a.quick else 64)
     ppl_tokens = a.ppl_tokens if a.ppl_tokens is not None else (256 if a.quick else 0)
     reps = a.llama_reps if a.llama_reps is not None else (1 if a.quick else 3)
+    decode_runs = a.decode_runs if a.decode_runs is not None else (1 if a.quick else DECODE_RUNS)
+    if decode_runs < 1:
+        ap.error("--decode-runs: at least 1")
     t_start = time.time()
     phases: dict = {}
 
@@ -780,7 +801,7 @@ def main(argv=None) -> int:
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.machine(), "cpu": cpu_name(),
                  "cores": os.cpu_count(), "families": fams, "model": str(d), "tokens": tokens,
                  "prompt_len": prompt_len, "threads": threads, "dtypes": dtypes,
-                 "decode_weights": a.cache}
+                 "decode_weights": a.cache, "decode_runs": decode_runs}
 
     say("read bandwidth, FMA peak")
     bw = {j: [spawn("readbw", threads=j)] for j in threads}
@@ -811,7 +832,7 @@ def main(argv=None) -> int:
                 runs, near = [], [spawn("readbw", threads=j)]     # the bound measured next to the row
                 for _ in range(max(1, a.repeat)):
                     runs.append(spawn("ours", model=str(d), dtype=dt, isa=fam, threads=j, tokens=tokens,
-                                      prompt_len=prompt_len, cache=a.cache))
+                                      prompt_len=prompt_len, cache=a.cache, decode_runs=decode_runs))
                     near.append(spawn("readbw", threads=j))
                 bw[j] += near
                 for i, run in enumerate(runs):            # each run against the readings around it
@@ -993,7 +1014,8 @@ def main(argv=None) -> int:
         lines += [f"**Emulated ({platform.machine()} under qemu-user, CPU `{emulated()}`): these figures measure "
                   "the emulator, not the kernels — they mean nothing about speed on real hardware.**", ""]
     lines += table
-    lines += ["", f"- tok/s @{t200}: greedy decode of tokens 2..{t200} after a 9-token prompt"
+    lines += ["", f"- tok/s @{t200}: greedy decode of tokens 2..{t200} after a 9-token prompt (the best of "
+              f"{decode_runs} generation(s) in each run)"
               + (f"; @{t800}: the 64 tokens ending at position {t800} of the same generation; @{t800}/@{t200}: "
                  f"decode at position {t800} over decode at position {t200} (the 64 tokens ending there)"
                  if t800 else "")
