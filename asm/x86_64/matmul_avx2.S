@@ -28,6 +28,7 @@
  *     r12  n_in                                    r13  tokens left in this tile's pass
  *     r14  strip offset in bytes of y / b (0, 64, 128, 192)      r15  tiles left
  *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
+ *     rbp  prefetch cursor (calls of <= MM_PF_TOK tokens: the next chunk of rows, below)
  *     stack: see "stack frame" below
  */
 #include "asm.S"
@@ -41,6 +42,17 @@
 #  define MATMUL_KC_BYTES 262144
 #endif
 
+/* Small calls (batched decode: n_tokens <= MM_PF_TOK) prefetch.  A strip pass reads 64 bytes (f16: 32) of
+ * each row of the tile, so the 4 strips of a tile that is not in cache are 4 strided passes over DRAM
+ * (stride one row), which the hardware prefetchers do not follow: 16-19 GMAC/s at 6-8 tokens against
+ * ~45 for the AVX-512 kernel, whose one strip is the whole row.  So while the first block of tokens of a
+ * chunk of rows runs, each pair of rows also prefetches (prefetcht1, into L2) 2 lines (f16: 1) of the
+ * next chunk of rows -- the next tile's after a tile's last chunk (hints: never fault, change nothing) --
+ * so the 4 strips together cover it and every later pass reads L2 (docs/notes.md "matmul (AVX2) at
+ * small batches").  Large calls (prefill) amortize the first pass over many blocks of tokens. */
+#ifndef MM_PF_TOK
+#  define MM_PF_TOK 32
+#endif
 #define DT_F32 0
 #define DT_F16 1
 
@@ -147,8 +159,21 @@
         .endif
         .endm
 
-        /* one strip (16 outputs at byte offset r14 of the tile) for \mt tokens */
-        .macro  mm_strip dt, mt
+        /* prefetch the next chunk's bytes for one pair of rows (rbp: the cursor); \pf = 0: nothing */
+        .macro  mm_pf dt, pf
+        .if \pf
+        prefetcht1 (%rbp)
+        .if \dt == DT_F32
+        prefetcht1 64(%rbp)
+        addq    $128, %rbp
+        .else
+        addq    $64, %rbp
+        .endif
+        .endif
+        .endm
+
+        /* one strip (16 outputs at byte offset r14 of the tile) for \mt tokens (\pf: prefetching) */
+        .macro  mm_strip dt, mt, pf=0
         cmpq    $0, KFIRST(%rsp)
         jne     .Lzero\@
         leaq    (%r8,%r14), %r11                // a later chunk of rows: continue the sums
@@ -178,6 +203,7 @@
 .Lrows\@:
         mm_row  \dt, \mt, 0, 0
         mm_row  \dt, \mt, ROWB, 4
+        mm_pf   \dt, \pf
         addq    $2*ROWB, %r10
         addq    $8, %r11
         .if \mt >= 4
@@ -208,12 +234,12 @@
 .Ldone\@:
         .endm
 
-        /* the 4 strips of the current tile for a block of \mt tokens */
-        .macro  mm_block dt, mt
+        /* the 4 strips of the current tile for a block of \mt tokens (\pf: the block that prefetches) */
+        .macro  mm_block dt, mt, pf=0
         xorl    %r14d, %r14d
         .p2align 4
 .Lstrip\@:
-        mm_strip \dt, \mt
+        mm_strip \dt, \mt, \pf
         addq    $64, %r14
         cmpq    $256, %r14
         jb      .Lstrip\@

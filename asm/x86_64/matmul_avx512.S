@@ -35,6 +35,7 @@
 #  define MATMUL_KC_BYTES 262144
 #endif
 
+#define MM_PF_TOK 0                     /* one forward stream per tile already: no prefetch */
 #define DT_F32 0
 #define DT_F16 1
 

@@ -4,7 +4,8 @@
  * (then 1..5); the ISA's own `mm_block dt, mt` computes the tile's outputs for one block of tokens.
  *
  * Before including it, a kernel file defines DT_F32 / DT_F16, the macros mm_block and mm_exit
- * (the register clean-up and ret), and sets
+ * (the register clean-up and ret), MM_PF_TOK (0, or: a call of at most this many tokens prefetches, see
+ * matmul_avx2.S; then mm_block takes a third argument, 1 in the block that prefetches), and sets
  * (per weight type, before expanding matmul_body) ROWB (bytes per weight row), RB (its log2) and KCMAX
  * (rows per chunk at most).  See matmul_avx2.S for the blocking and the register use.
  */
@@ -22,7 +23,25 @@
         .set    WT, 56                          // the current tile
         .set    X0, 64                          // X
         .set    KCE, 72                         // rows per chunk: ceil(n_in / ceil(n_in / KCMAX))
-        .set    FRAME, 80
+        .set    PFB, 80                         // 1 while this chunk's next block of tokens prefetches
+        .set    FRAME, 88
+
+        /* one block of \mt tokens: with MM_PF_TOK, the variant that prefetches while PFB is set (then
+         * cleared: only the first block of a chunk prefetches) */
+        .macro  mm_blk dt, mt
+#if MM_PF_TOK
+        cmpq    $0, PFB(%rsp)
+        je      .Lnopf\@
+        mm_block \dt, \mt, 1
+        movq    $0, PFB(%rsp)
+        jmp     .Lpfd\@
+.Lnopf\@:
+        mm_block \dt, \mt, 0
+.Lpfd\@:
+#else
+        mm_block \dt, \mt
+#endif
+        .endm
 
         /* the whole kernel; \dt selects the weight type */
         .macro  matmul_body dt
@@ -96,11 +115,20 @@
         movq    XCH(%rsp), %rsi
         movq    YT(%rsp), %r8
         movq    NTOK(%rsp), %r13
+#if MM_PF_TOK
+        movq    %r12, %rbp
+        shlq    $RB, %rbp
+        addq    %rdi, %rbp                      // the prefetch cursor: the next chunk (or tile)
+        xorl    %eax, %eax
+        cmpq    $MM_PF_TOK, %r13
+        setbe   %al
+        movq    %rax, PFB(%rsp)                 // a small call: its first block of tokens prefetches
+#endif
         cmpq    $6, %r13
         jb      .Ltail\@
         .p2align 4
 .Lblock\@:                                      // blocks of 6 tokens
-        mm_block \dt, 6
+        mm_blk  \dt, 6
         leaq    (%rdx,%rdx,2), %r10
         leaq    (%rsi,%r10,2), %rsi             // X += 6 rows
         leaq    (%r9,%r9,2), %r10
@@ -115,21 +143,21 @@
         cmpq    $1, %r13
         je      .Lt1\@
         jb      .Lnextk\@
-        mm_block \dt, 2
+        mm_blk  \dt, 2
         jmp     .Lnextk\@
 .Lt1\@:
-        mm_block \dt, 1
+        mm_blk  \dt, 1
         jmp     .Lnextk\@
 .Lt3\@:
-        mm_block \dt, 3
+        mm_blk  \dt, 3
         jmp     .Lnextk\@
 .Lt45\@:
         cmpq    $4, %r13
         jne     .Lt5\@
-        mm_block \dt, 4
+        mm_blk  \dt, 4
         jmp     .Lnextk\@
 .Lt5\@:
-        mm_block \dt, 5
+        mm_blk  \dt, 5
 .Lnextk\@:
         addq    %r12, K0(%rsp)
         cmpq    $0, KLAST(%rsp)
