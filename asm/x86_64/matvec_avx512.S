@@ -1,5 +1,6 @@
 /*
- * asm/x86_64/matvec_avx512.S -- tiled matrix-vector product, AVX-512F.
+ * asm/x86_64/matvec_avx512.S -- tiled matrix-vector product, AVX-512F (fp16 weights; the fp32 kernel is
+ * the AVX2 one, see gpt2asm_matvec_f32_avx512 below).
  *
  * Same contract and the same per-output operation sequence as matvec_avx2.S (docs/kernels.md,
  * gpt2asm_matvec_f32): per output o = 64t + j
@@ -8,7 +9,7 @@
  * so the outputs are bit-identical to the AVX2 variant.
  *
  * One tile's 64 sums are 4 zmm (zmm0-3), 4 FMA chains: enough at the rate the weights come from DRAM
- * (one zmm FMA per 64 bytes of fp32, per 32 bytes of fp16) -- the tiles are taken one after the other,
+ * (one zmm FMA per 32 bytes of fp16) -- the tiles are taken one after the other,
  * so the weights stream strictly in address order, one forward stream.  Taking tiles t and t+1 together
  * (8 chains, two forward streams n_in rows apart, the earlier form of this kernel) covered the FMA
  * latency for weights in cache but read DRAM at 0.87-0.94 of a plain read against 0.93-1.0 for one
@@ -16,7 +17,7 @@
  * Only AVX-512F instructions are used, and only zmm0-3, 8-15 (nothing is left in zmm16-31, so the final
  * vzeroupper leaves no dirty upper state behind).
  *
- * Registers (both functions):
+ * Registers (the fp16 function):
  *     rdi  w: current row of the tile
  *     rsi  x (argument)        rdx  b (+64*tile_begin) or NULL        rcx  y (+64*tile_begin)
  *     r8   n_in                r9   tiles left       r10  x cursor     r11  row counter
@@ -59,17 +60,12 @@
         addq    $256, %rcx
         .endm
 
-        /* one fp32 row of the tile: acc[k] = fma(w[t][row][16k .. 16k+15], xb, acc[k]) */
-        .macro  row_f32 off, xb
-        vmemop3 vfmadd231ps, \xb, %rdi, \off+0, 64, zmm, 0,1,2,3
-        .endm
-
         /* one fp16 row (128 bytes): widen 16 halves at a time exactly, then the same FMAs */
         .macro  row_f16 off, xb
         vwidenfma4  f16, zmm, %rdi, \off+0, 32, \xb, 0, 1, 2, 3
         .endm
 
-        /* all n_in rows of the tile at rdi (\row: row_f32 / row_f16, \rs: row bytes); leaves rdi
+        /* all n_in rows of the tile at rdi (\row: row_f16, \rs: row bytes); leaves rdi
          * just past its last row (= row 0 of the next tile), the sums in zmm0-3 */
         .macro  tile_rows row, rs
         rows4   %rsi, %r8, zmm
@@ -112,9 +108,19 @@
  *       acc = +0.0;  for i in 0 .. n_in-1:  acc = fma(w[t][i][j], x[i], acc)
  *       y[o] = b ? acc + b[o] : acc
  *   w: [n_tiles][n_in][64] floats, 64-byte aligned.  x, b, y: any alignment.
+ *
+ *   This is gpt2asm_matvec_f32_avx2 (a jump; every AVX-512 CPU has AVX2 and FMA): with the weights
+ *   coming from DRAM, its 32-byte memory-operand FMAs (two per line) read at 0.98-1.0 of a plain read
+ *   where this file's zmm form (one 64-byte FMA per line) read at 0.93-0.95, and with the line loaded
+ *   apart from the FMA at 0.86-0.90 (docs/notes.md "matvec (AVX-512)").  The fp16 kernel below keeps zmm:
+ *   its vcvtph2ps zmm loads 32 bytes.
  */
 function gpt2asm_matvec_f32_avx512
-        matvec_body row_f32, 256, 8
+#ifdef GPT2ASM_MACHO
+        jmp     _gpt2asm_matvec_f32_avx2
+#else
+        jmp     gpt2asm_matvec_f32_avx2        // bound locally: plan_x86.S declares it .protected
+#endif
 endfunc
 
 /*
