@@ -43,7 +43,7 @@ import time
 import uuid
 
 from .args import integer, sampling as check_sampling
-from .errors import ContextOverflowError, GPT2AsmError, InvalidArgumentError
+from .errors import ContextOverflowError, GPT2AsmError, InvalidArgumentError, NonFiniteLogitsError
 
 log = logging.getLogger("gpt2asm.server")
 
@@ -181,10 +181,15 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
 def prompt_logprobs(m, ids: list[int], k: int) -> tuple[list, list]:
     """Echo's logprobs of the prompt tokens (None for the first): the numbers GPT2.logprobs gives, and the
     k most likely at each position (one full-prefix forward; the prompt fits the context)."""
+    import numpy as np
     from .scheduler import token_logprobs
     lps, tops = [None], [None]
     if len(ids) > 1:
         logits = m.logits(ids)
+        bad = int(np.count_nonzero(~np.isfinite(logits[:-1])))
+        if bad:                         # no logprob to give (and JSON has no NaN): as sampling refuses them
+            raise NonFiniteLogitsError(f"the model produced {bad} non-finite logits (NaN/inf) over the prompt; "
+                                       "the weights may be corrupt — refusing to score")
         for t in range(1, len(ids)):
             lp, top = token_logprobs(logits[t - 1], ids[t], k)
             lps.append(lp)
@@ -393,7 +398,11 @@ def create_app(state: App):
         if p["echo"] and p["logprobs"] is not None:              # model work: on the driver thread
             k = p["logprobs"]
             futs = [sched.call(lambda ids=ids: prompt_logprobs(m, ids, k)) for ids in p["prompt_ids"]]
-            prompt_lp = [await asyncio.wrap_future(f) for f in futs]
+            try:
+                prompt_lp = [await asyncio.wrap_future(f) for f in futs]
+            except NonFiniteLogitsError as e:                    # the model's fault, not the request's
+                raise APIError(500, f"scoring the prompt failed: {e}", "server_error",
+                               code="generation_failed") from None
         last: dict = {}
         t_submit = time.monotonic()
         mt = state.metrics

@@ -216,6 +216,26 @@ def test_errors(srv, ref):
         srv.client().completions.create(model="tiny", prompt="Hi", temperature=7000)
 
 
+
+def test_echo_logprobs_of_non_finite_logits(ckpt_tiny):
+    """Weights that overflow float32 in the forward pass (finite, so they load): echo + logprobs has no number to
+    give, and JSON has no NaN -- a 500 naming the problem (as sampling's), never a generic error or NaN in a
+    stream chunk."""
+    def overflowing():
+        m = GPT2.load(ckpt_tiny)
+        m.model.w.ln_f_g[:] = 3e38                     # ln_f's gain: every logit of every position overflows
+        return m
+    s = Running(ckpt_tiny, loader=overflowing).wait_loaded()
+    try:
+        for stream in (False, True):
+            body = {"prompt": "Hello there you", "max_tokens": 0, "echo": True, "logprobs": 2, "stream": stream}
+            err(http(s.url + "/v1/completions", body), 500, code="generation_failed")
+        status, body = http(s.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 0, "echo": True, "logprobs": 2})
+        assert status == 200 and body["choices"][0]["text"] == "Hi"     # one token: nothing to score
+    finally:
+        s.stop()
+
+
 def test_api_key_loading_queue_and_shutdown(ckpt_tiny):
     gate = threading.Event()
 
