@@ -329,6 +329,12 @@ def create_app(state: App):
         except (ValueError, RecursionError):
             raise APIError(400, "the request body is not valid JSON") from None
 
+    async def off_loop(fn, *args):
+        """fn(*args) on a worker thread: tokenizing a body of up to MAX_BODY bytes takes seconds (30 s for
+        8 MB of one unbroken word), which on the event loop would stall every other client's stream and
+        /health for as long."""
+        return await asyncio.to_thread(fn, *args)
+
     def endpoint(name: str, auth: bool = True, needs_model: bool = True):
         def wrap(fn):
             async def handler(request: Request):
@@ -371,7 +377,7 @@ def create_app(state: App):
         p = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
         if not isinstance(p, str):
             raise APIError(400, "tokenize takes {\"prompt\": string}", param="prompt")
-        ids = state.m.encode(p)
+        ids = await off_loop(state.m.encode, p)
         return ok({"tokens": ids, "count": len(ids), "max_model_len": state.m.n_ctx}, "tokenize")
 
     @endpoint("detokenize")
@@ -381,7 +387,7 @@ def create_app(state: App):
         if not isinstance(ids, list):
             raise APIError(400, "detokenize takes {\"tokens\": [token ids]}", param="tokens")
         try:
-            text = state.m.decode(ids)
+            text = await off_loop(state.m.decode, ids)
         except GPT2AsmError as e:
             raise APIError(400, str(e), param="tokens") from None
         return ok({"prompt": text}, "detokenize")
@@ -390,7 +396,7 @@ def create_app(state: App):
     async def completions(request):
         from .scheduler import QueueFullError, SchedulerClosedError
         body = await read_json(request)
-        p = parse_completion(state.m, body, state.model_id)
+        p = await off_loop(parse_completion, state.m, body, state.model_id)
         m, sched = state.m, state.sched
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()

@@ -236,6 +236,31 @@ def test_echo_logprobs_of_non_finite_logits(ckpt_tiny):
         s.stop()
 
 
+
+def test_slow_tokenizing_does_not_stall_the_server(srv, monkeypatch):
+    """Tokenizing a big body takes seconds (8 MB of one unbroken word: ~30 s): it runs off the event loop,
+    so /health and the other clients are answered meanwhile.  Here encode() blocks until /health answered."""
+    gate, encode = threading.Event(), srv.state.m.encode
+
+    def slow_encode(text):
+        if text == "slow":
+            gate.wait(20)
+        return encode(text)
+    monkeypatch.setattr(srv.state.m, "encode", slow_encode)
+    for path, body in (("/tokenize", {"prompt": "slow"}), ("/v1/completions", {"prompt": "slow", "max_tokens": 1})):
+        gate.clear()
+        t = threading.Thread(target=lambda: http(srv.url + path, body), daemon=True)
+        t.start()
+        time.sleep(0.2)                                           # the request is in encode() now
+        try:
+            req = urllib.request.Request(srv.url + "/health")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                assert r.status == 200, path
+        finally:
+            gate.set()
+            t.join(60)
+
+
 def test_api_key_loading_queue_and_shutdown(ckpt_tiny):
     gate = threading.Event()
 
