@@ -318,6 +318,13 @@ def test_very_long_model_path():
         GPT2.load("/" + "c/" * 3000)
 
 
+@pytest.mark.parametrize("path", ["gpt2\0x", "models/x\0.gguf", "~\0", "/tmp/\0/model.safetensors"])
+def test_nul_in_a_model_path(path):
+    """os.stat raises ValueError on a NUL (no file has one): the API says so as for any bad path."""
+    with pytest.raises(InvalidArgumentError, match="NUL"):
+        GPT2.load(path, download=False)
+
+
 def test_unreadable_model_directory(model_copy, monkeypatch):
     """Root reads everything, so the refusal is simulated where the system would give it: every stat or
     open under the directory fails with EACCES."""
