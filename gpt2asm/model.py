@@ -37,9 +37,11 @@ are tested against, is in tests/oracle.py.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from .args import token_id, token_ids
+from .args import integer, token_id, token_ids
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
 from .kernels import Kernels
 from .plan import Plan
@@ -70,6 +72,10 @@ class Transformer:
         self.resident = None            # a resident.Resident packing the matrices into one buffer (start_resident)
         self.batch_plan: Plan | None = None     # the batched decode plan (step_rows), for up to its rows
         self.batch_owner = None                 # ... over these weight arrays
+        # The batched plan is shared by every caller of step_rows (its row table, row buffers and argmax
+        # slots): two threads batching on one model (GPT2.generate of a list from each) would write each
+        # other's rows between set_batch and the read-back.  One batched step at a time.
+        self.batch_lock = threading.Lock()
 
     def start_resident(self) -> None:
         """Pack the matrices (file-mapped from a warm tile cache, or separate arrays) into one buffer of
@@ -277,6 +283,7 @@ class Transformer:
 
     def check_step(self, s: State, token) -> tuple[int, int]:
         """(token, position) of the next step on s: ContextOverflowError when the cache is full."""
+        _check_state(s)
         pos = s.n
         if pos >= self.cfg.n_ctx:
             raise ContextOverflowError(pos + 1, self.cfg.n_ctx)
@@ -284,6 +291,8 @@ class Transformer:
 
     def check_tokens(self, s: State, tokens) -> list[int]:
         """At least one token id, all of which fit into s's cache."""
+        _check_state(s)
+        integer("position", s.n, 0, self.cfg.n_ctx)      # the rows' embeddings slice wpe from s.n
         tokens = token_ids(tokens, self.cfg.vocab_size, empty=False)
         if s.n + len(tokens) > self.cfg.n_ctx:
             raise ContextOverflowError(s.n + len(tokens), self.cfg.n_ctx)
@@ -307,6 +316,7 @@ class Transformer:
         scheduler's one engine call per decode step (scheduler.py).  Every row is checked before any is
         fed.  B >= 2 on a family with the batched kinds: one library call per BATCH_ROWS rows (step_rows:
         each weight tile read once for all of them); else one step per row."""
+        _check_lists("step_batch", states, tokens)
         if len(states) != len(tokens) or len({id(s) for s in states}) != len(states):
             raise InvalidArgumentError("step_batch: one token per state, and every state distinct")
         if not all(isinstance(s, State) for s in states):
@@ -332,6 +342,7 @@ class Transformer:
         (the plan's row table).  The logits are copied into each state's own (step()'s view of them)."""
         if not self.k.has_batch:
             raise KernelUnavailableError(f"the {self.k.family} family has no batched decode executor")
+        _check_lists("step_rows", states, tokens)
         if not 1 <= len(states) <= BATCH_ROWS or len(states) != len(tokens):
             raise InvalidArgumentError(f"step_rows: 1..{BATCH_ROWS} states, one token each")
         if len({id(s) for s in states}) != len(states) or not all(isinstance(s, State) for s in states):
@@ -339,14 +350,16 @@ class Transformer:
         if self.resident is not None:
             self._adopt()
         checked = [self.check_step(s, t) for s, t in zip(states, tokens)]
-        p = self._batch_plan(len(states))
-        p.set_batch([t for t, _ in checked], [pos for _, pos in checked], [s.k for s in states], [s.v for s in states])
-        p.run()                                    # every layer of every row, and the head: one call
-        argmax = p.batch_argmax()
-        rows = p.rows.logits
-        for b, s in enumerate(states):
-            s.logits[:] = rows[b]
-            s.n = checked[b][1] + 1
+        with self.batch_lock:                      # set_batch .. the read-back: one caller's rows
+            p = self._batch_plan(len(states))
+            p.set_batch([t for t, _ in checked], [pos for _, pos in checked], [s.k for s in states],
+                        [s.v for s in states])
+            p.run()                                # every layer of every row, and the head: one call
+            argmax = p.batch_argmax()
+            rows = p.rows.logits
+            for b, s in enumerate(states):
+                s.logits[:] = rows[b]
+                s.n = checked[b][1] + 1
         return [s.logits_view for s in states], argmax
 
     def prefill(self, s: State, tokens) -> tuple[np.ndarray, int | None]:
@@ -421,3 +434,16 @@ class Transformer:
             out[c0:c0 + n] = logits[:n, :V]
         self._run_rows(s, tokens, R, run_head)
         return out
+
+
+def _check_state(s) -> None:
+    """A State (new_state()), not anything else: its attributes are read before the plan checks them."""
+    if not isinstance(s, State):
+        raise InvalidArgumentError(f"expected a State of this model (Transformer.new_state()), got {type(s).__name__}")
+
+
+def _check_lists(who: str, states, tokens) -> None:
+    """step_batch / step_rows take sequences (len() and indexing), not one State or one token."""
+    for name, v in (("states", states), ("tokens", tokens)):
+        if not isinstance(v, (list, tuple, np.ndarray)) or (isinstance(v, np.ndarray) and v.ndim != 1):
+            raise InvalidArgumentError(f"{who}: {name} must be a list, got {type(v).__name__}")

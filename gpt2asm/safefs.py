@@ -22,10 +22,12 @@ MAX_TOKENIZER = 64 << 20         # vocab.json (1 MB for GPT-2) and merges.txt (4
 
 def expand_user(p: str | os.PathLike, what: str) -> Path:
     """Path(p) with a leading ~ or ~user expanded; InvalidArgumentError (saying `what` it was) when the
-    user or the home directory is unknown (Path.expanduser's RuntimeError)."""
+    user or the home directory is unknown (Path.expanduser's RuntimeError), or p holds a NUL."""
     s = os.fspath(p)
     if isinstance(s, bytes):
         s = os.fsdecode(s)
+    if "\0" in s:                                  # no file has one: os.stat would raise ValueError
+        raise InvalidArgumentError(f"{what} {s[:200]!r}: a path cannot contain a NUL character")
     if not s.startswith("~"):
         return Path(s)
     out = os.path.expanduser(s)

@@ -43,7 +43,7 @@ import time
 import uuid
 
 from .args import integer, sampling as check_sampling
-from .errors import ContextOverflowError, GPT2AsmError, InvalidArgumentError
+from .errors import ContextOverflowError, GPT2AsmError, InvalidArgumentError, NonFiniteLogitsError
 
 log = logging.getLogger("gpt2asm.server")
 
@@ -181,10 +181,15 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
 def prompt_logprobs(m, ids: list[int], k: int) -> tuple[list, list]:
     """Echo's logprobs of the prompt tokens (None for the first): the numbers GPT2.logprobs gives, and the
     k most likely at each position (one full-prefix forward; the prompt fits the context)."""
+    import numpy as np
     from .scheduler import token_logprobs
     lps, tops = [None], [None]
     if len(ids) > 1:
         logits = m.logits(ids)
+        bad = int(np.count_nonzero(~np.isfinite(logits[:-1])))
+        if bad:                         # no logprob to give (and JSON has no NaN): as sampling refuses them
+            raise NonFiniteLogitsError(f"the model produced {bad} non-finite logits (NaN/inf) over the prompt; "
+                                       "the weights may be corrupt — refusing to score")
         for t in range(1, len(ids)):
             lp, top = token_logprobs(logits[t - 1], ids[t], k)
             lps.append(lp)
@@ -324,6 +329,12 @@ def create_app(state: App):
         except (ValueError, RecursionError):
             raise APIError(400, "the request body is not valid JSON") from None
 
+    async def off_loop(fn, *args):
+        """fn(*args) on a worker thread: tokenizing a body of up to MAX_BODY bytes takes seconds (30 s for
+        8 MB of one unbroken word), which on the event loop would stall every other client's stream and
+        /health for as long."""
+        return await asyncio.to_thread(fn, *args)
+
     def endpoint(name: str, auth: bool = True, needs_model: bool = True):
         def wrap(fn):
             async def handler(request: Request):
@@ -366,7 +377,7 @@ def create_app(state: App):
         p = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
         if not isinstance(p, str):
             raise APIError(400, "tokenize takes {\"prompt\": string}", param="prompt")
-        ids = state.m.encode(p)
+        ids = await off_loop(state.m.encode, p)
         return ok({"tokens": ids, "count": len(ids), "max_model_len": state.m.n_ctx}, "tokenize")
 
     @endpoint("detokenize")
@@ -376,7 +387,7 @@ def create_app(state: App):
         if not isinstance(ids, list):
             raise APIError(400, "detokenize takes {\"tokens\": [token ids]}", param="tokens")
         try:
-            text = state.m.decode(ids)
+            text = await off_loop(state.m.decode, ids)
         except GPT2AsmError as e:
             raise APIError(400, str(e), param="tokens") from None
         return ok({"prompt": text}, "detokenize")
@@ -385,7 +396,7 @@ def create_app(state: App):
     async def completions(request):
         from .scheduler import QueueFullError, SchedulerClosedError
         body = await read_json(request)
-        p = parse_completion(state.m, body, state.model_id)
+        p = await off_loop(parse_completion, state.m, body, state.model_id)
         m, sched = state.m, state.sched
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
@@ -393,7 +404,11 @@ def create_app(state: App):
         if p["echo"] and p["logprobs"] is not None:              # model work: on the driver thread
             k = p["logprobs"]
             futs = [sched.call(lambda ids=ids: prompt_logprobs(m, ids, k)) for ids in p["prompt_ids"]]
-            prompt_lp = [await asyncio.wrap_future(f) for f in futs]
+            try:
+                prompt_lp = [await asyncio.wrap_future(f) for f in futs]
+            except NonFiniteLogitsError as e:                    # the model's fault, not the request's
+                raise APIError(500, f"scoring the prompt failed: {e}", "server_error",
+                               code="generation_failed") from None
         last: dict = {}
         t_submit = time.monotonic()
         mt = state.metrics

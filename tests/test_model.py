@@ -113,6 +113,22 @@ def test_bad_token_ids_rejected(ckpt_tiny):
         m.model.step(m.model.new_state(), m.config.vocab_size)
 
 
+def test_transformer_calls_check_their_state(ckpt_tiny):
+    """Transformer.step / prefill / step_batch given something else than a State, a State whose position was
+    set out of range, or one State for the list: InvalidArgumentError, never AttributeError / ValueError."""
+    with GPT2.load(ckpt_tiny) as m:
+        M, st = m.model, m.model.new_state()
+        for call in (lambda: M.step(None, 1), lambda: M.prefill("state", [1, 2]), lambda: M.step_batch(st, [1]),
+                     lambda: M.step_batch([st], 1)):
+            with pytest.raises(InvalidArgumentError):
+                call()
+        st.n = -3                                           # prefill's embeddings would slice wpe[-3:0]
+        with pytest.raises(InvalidArgumentError):
+            M.prefill(st, [1, 2, 3])
+        st.n = 0
+        assert M.prefill(st, [1, 2, 3])[1] is not None      # still usable
+
+
 def test_empty_prompt_starts_from_endoftext(ckpt_tiny):
     m = GPT2.load(ckpt_tiny)
     a = list(m.generate_ids([], max_new_tokens=5, temperature=0))

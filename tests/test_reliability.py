@@ -247,6 +247,44 @@ def test_two_threads_on_one_session_never_give_wrong_text(ckpt_tiny):
                 assert v is None or v == want[p], (p, v, want[p])
 
 
+
+def test_two_threads_batching_on_one_model_keep_their_rows(ckpt_tiny, monkeypatch):
+    """GPT2.generate of a list from two threads on one model: both step through the model's one batched
+    plan, whose row table is shared.  The other thread's whole step_batch is let in between this one's
+    set_batch and its run (or, as it must, made to wait): each still gets its own rows' logits."""
+    with GPT2.load(ckpt_tiny) as m:
+        M = m.model
+        if not M.k.has_batch:
+            pytest.skip(f"{M.k.family}: no batched decode executor")
+
+        def states(*prompts):
+            out = [M.new_state() for _ in prompts]
+            for st, ids in zip(out, prompts):
+                M.prefill(st, ids)
+            return out
+
+        def alone(prompts, toks):
+            return [M.step(st, t)[0].copy() for st, t in zip(states(*prompts), toks)]
+        mine, theirs = ([1, 2, 3], [7]), ([9], [5, 6])
+        want_mine, want_theirs = alone(mine, [4, 8]), alone(theirs, [10, 11])
+        M.step_batch(states([1], [2]), [3, 4])                      # builds the batched plan
+        plan, other = M.batch_plan, {}
+        run = plan.run
+
+        def run_after_the_other(*a):
+            if not other:                                           # this thread's run: let the other in
+                other["t"] = threading.Thread(
+                    target=lambda: other.update(out=[x.copy() for x in M.step_batch(states(*theirs), [10, 11])[0]]))
+                other["t"].start()
+                other["t"].join(1.0)                                # it waits for the lock (or finishes)
+            return run(*a)
+        monkeypatch.setattr(plan, "run", run_after_the_other)
+        got = [x.copy() for x in M.step_batch(states(*mine), [4, 8])[0]]
+        other["t"].join(60)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want_mine))
+        assert all(np.array_equal(g, w) for g, w in zip(other["out"], want_theirs))
+
+
 # -- 6. the one-line error, never a traceback ---------------------------------------------------------------
 
 def test_cache_max_gb_inf(ckpt_tiny, tmp_path, monkeypatch):
@@ -278,6 +316,13 @@ def test_very_long_model_path():
         GPT2.load("b" * 5000)
     with pytest.raises(ModelNotFoundError):
         GPT2.load("/" + "c/" * 3000)
+
+
+@pytest.mark.parametrize("path", ["gpt2\0x", "models/x\0.gguf", "~\0", "/tmp/\0/model.safetensors"])
+def test_nul_in_a_model_path(path):
+    """os.stat raises ValueError on a NUL (no file has one): the API says so as for any bad path."""
+    with pytest.raises(InvalidArgumentError, match="NUL"):
+        GPT2.load(path, download=False)
 
 
 def test_unreadable_model_directory(model_copy, monkeypatch):

@@ -216,6 +216,51 @@ def test_errors(srv, ref):
         srv.client().completions.create(model="tiny", prompt="Hi", temperature=7000)
 
 
+
+def test_echo_logprobs_of_non_finite_logits(ckpt_tiny):
+    """Weights that overflow float32 in the forward pass (finite, so they load): echo + logprobs has no number to
+    give, and JSON has no NaN -- a 500 naming the problem (as sampling's), never a generic error or NaN in a
+    stream chunk."""
+    def overflowing():
+        m = GPT2.load(ckpt_tiny)
+        m.model.w.ln_f_g[:] = 3e38                     # ln_f's gain: every logit of every position overflows
+        return m
+    s = Running(ckpt_tiny, loader=overflowing).wait_loaded()
+    try:
+        for stream in (False, True):
+            body = {"prompt": "Hello there you", "max_tokens": 0, "echo": True, "logprobs": 2, "stream": stream}
+            err(http(s.url + "/v1/completions", body), 500, code="generation_failed")
+        status, body = http(s.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 0, "echo": True, "logprobs": 2})
+        assert status == 200 and body["choices"][0]["text"] == "Hi"     # one token: nothing to score
+    finally:
+        s.stop()
+
+
+
+def test_slow_tokenizing_does_not_stall_the_server(srv, monkeypatch):
+    """Tokenizing a big body takes seconds (8 MB of one unbroken word: ~30 s): it runs off the event loop,
+    so /health and the other clients are answered meanwhile.  Here encode() blocks until /health answered."""
+    gate, encode = threading.Event(), srv.state.m.encode
+
+    def slow_encode(text):
+        if text == "slow":
+            gate.wait(20)
+        return encode(text)
+    monkeypatch.setattr(srv.state.m, "encode", slow_encode)
+    for path, body in (("/tokenize", {"prompt": "slow"}), ("/v1/completions", {"prompt": "slow", "max_tokens": 1})):
+        gate.clear()
+        t = threading.Thread(target=lambda: http(srv.url + path, body), daemon=True)
+        t.start()
+        time.sleep(0.2)                                           # the request is in encode() now
+        try:
+            req = urllib.request.Request(srv.url + "/health")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                assert r.status == 200, path
+        finally:
+            gate.set()
+            t.join(60)
+
+
 def test_api_key_loading_queue_and_shutdown(ckpt_tiny):
     gate = threading.Event()
 
