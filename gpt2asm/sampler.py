@@ -33,6 +33,14 @@ class Rng:
         return (((x * 0x2545F4914F6CDD1D) & MASK64) >> 11) * (1.0 / (1 << 53))
 
 
+def non_finite_error(logits: np.ndarray, doing: str, where: str = "") -> NonFiniteLogitsError:
+    """The error for logits with NaN or inf (the weights overflowed or are corrupt: there is no token to
+    sample or score); `doing` is what is refused, `where` e.g. " over the prompt"."""
+    bad = int(np.count_nonzero(~np.isfinite(logits)))
+    return NonFiniteLogitsError(f"the model produced {bad} non-finite logits (NaN/inf){where}; "
+                                f"the weights may be corrupt — refusing to {doing}")
+
+
 class Sampler:
     def __init__(self, softmax, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0,
                  repetition_penalty: float = 1.0, seed: int | None = 0, argmax=None):
@@ -64,9 +72,7 @@ class Sampler:
 
     @staticmethod
     def _non_finite(logits: np.ndarray) -> None:
-        bad = int(np.count_nonzero(~np.isfinite(logits)))
-        raise NonFiniteLogitsError(f"the model produced {bad} non-finite logits (NaN/inf); "
-                                   "the weights may be corrupt — refusing to sample")
+        raise non_finite_error(logits, "sample")
 
     def _sample(self, logits: np.ndarray, history: list[int] | None) -> int:
         z = logits.astype(np.float32, copy=True)

@@ -182,14 +182,13 @@ def prompt_logprobs(m, ids: list[int], k: int) -> tuple[list, list]:
     """Echo's logprobs of the prompt tokens (None for the first): the numbers GPT2.logprobs gives, and the
     k most likely at each position (one full-prefix forward; the prompt fits the context)."""
     import numpy as np
+    from .sampler import non_finite_error
     from .scheduler import token_logprobs
     lps, tops = [None], [None]
     if len(ids) > 1:
         logits = m.logits(ids)
-        bad = int(np.count_nonzero(~np.isfinite(logits[:-1])))
-        if bad:                         # no logprob to give (and JSON has no NaN): as sampling refuses them
-            raise NonFiniteLogitsError(f"the model produced {bad} non-finite logits (NaN/inf) over the prompt; "
-                                       "the weights may be corrupt — refusing to score")
+        if not np.isfinite(logits[:-1]).all():     # no logprob to give (and JSON has no NaN): as sampling
+            raise non_finite_error(logits[:-1], "score", " over the prompt")
         for t in range(1, len(ids)):
             lp, top = token_logprobs(logits[t - 1], ids[t], k)
             lps.append(lp)

@@ -236,7 +236,6 @@ def test_echo_logprobs_of_non_finite_logits(ckpt_tiny):
         s.stop()
 
 
-
 def test_slow_tokenizing_does_not_stall_the_server(srv, monkeypatch):
     """Tokenizing a big body takes seconds (8 MB of one unbroken word: ~30 s): it runs off the event loop,
     so /health and the other clients are answered meanwhile.  Here encode() blocks until /health answered."""
