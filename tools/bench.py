@@ -258,6 +258,11 @@ def w_startup(model: str, dtype: str, cache: str) -> dict:
     return {"seconds": secs, "first_step_s": first, "imports_s": imports, **detail}
 
 
+def from_start(stamps: list, g: int) -> float:
+    """tok/s over generated tokens 2..g (the first token's time is the prompt's)."""
+    return (g - 1) / (stamps[g - 1] - stamps[0])
+
+
 def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_len: int, cache: str,
            decode_runs: int = 1) -> dict:
     import numpy as np
@@ -279,11 +284,11 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         out["resident_wait_s"] = time.perf_counter() - t0
         out["resident"] = res.reason or f"copied {res.nbytes / 1e6:.0f} MB"
     # decode: one greedy generation to max(tokens), a timestamp per token
-    n = max(tokens)
+    def gen_stamps(n: int) -> list:                   # a timestamp per generated token
+        return [time.perf_counter() for _ in m.generate_ids(ids, n, temperature=0)]
+
     ids = m.encode(PROMPT)
-    stamps = []
-    for _ in m.generate_ids(ids, n, temperature=0):
-        stamps.append(time.perf_counter())
+    stamps = gen_stamps(max(tokens))
     pos0 = len(ids)                                   # position of the first generated token's step
     for t in tokens:
         g = t - pos0                                  # generated tokens up to position t
@@ -292,20 +297,14 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         a = max(1, g - 64)                            # the local rate at position t: its last 64 tokens
         out[f"tok_s_{t}_local"] = (g - a) / (stamps[g - 1] - stamps[a - 1])
         if t == min(tokens):                          # from the start: comparable to llama-bench tg
-            out[f"tok_s_{t}"] = (g - 1) / (stamps[g - 1] - stamps[0])
+            out[f"tok_s_{t}"] = from_start(stamps, g)
         else:
             out[f"tok_s_{t}"] = out[f"tok_s_{t}_local"]
     # the first position's rate again, from the start (decode_runs generations in all): one generation is
     # at the mercy of the machine's neighbours for its few seconds; the best of them is kept
     t = min(tokens)
     if f"tok_s_{t}" in out and decode_runs > 1:
-        rates = [out[f"tok_s_{t}"]]
-        for _ in range(decode_runs - 1):
-            stamps = []
-            for _ in m.generate_ids(ids, t - pos0 + 1, temperature=0):
-                stamps.append(time.perf_counter())
-            g = t - pos0
-            rates.append((g - 1) / (stamps[g - 1] - stamps[0]))
+        rates = [out[f"tok_s_{t}"]] + [from_start(gen_stamps(t - pos0), t - pos0) for _ in range(decode_runs - 1)]
         out[f"tok_s_{t}"], out[f"tok_s_{t}_runs"] = max(rates), rates
     # per-token overhead: wall time of a step outside the library's plan_step (Python, ctypes, sampling)
     k = m.model.k
