@@ -122,8 +122,8 @@ VARIANT_OPS = {
     "x86_64": {"avx2": {"quantize_q8_0": ("avx2",),
                         **{f"{op}_{k}": ("avx2", "avxvnni") for op in ("matvec", "matmul") for k in ("q8_0", "q4_0")}},
                "avx512": {"quantize_q8_0": ("avx512",),
-                          **{f"{op}_{k}": ("avx512", "avx512vnni") for op in ("matvec", "matmul")
-                             for k in ("q8_0", "q4_0")}}},
+                          **{f"matvec_{k}": ("avx512", "avx512vnni", "avx512vnni_zen4") for k in ("q8_0", "q4_0")},
+                          **{f"matmul_{k}": ("avx512", "avx512vnni") for k in ("q8_0", "q4_0")}}},
     "aarch64": {"neon": {"quantize_q8_0": ("neon",), "matvec_q8_0": ("neon", "dotprod"),
                          "matvec_q4_0": ("neon", "dotprod"), "matmul_q8_0": ("neon", "dotprod", "i8mm"),
                          "matmul_q4_0": ("neon", "dotprod", "i8mm")},

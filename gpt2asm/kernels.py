@@ -196,7 +196,8 @@ class Kernels(CheckedOps):
 
     def _q0_symbols(self) -> dict[str, str] | None:
         """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any.
-        x86: the family's variant (_q0_variant) for every op, the quantizer of its width.  AArch64 (its
+        x86: the family's variant (_q0_variant) for every op (the matvec in its CPU tuning: q0kernels.mv_variant),
+        the quantizer of its width.  AArch64 (its
         families are in Q0_PLAN_FAMILIES): neon's quantizer, cpu.q0_isa's best neon variant per
         op ($GPT2ASM_ARM_Q0 caps it), or the sme2 matvec / matmul for the sme2 family (as ArmQ0)."""
         kinds = ("q8_0", "q4_0")
@@ -207,10 +208,12 @@ class Kernels(CheckedOps):
             names = {"quantize": "gpt2asm_quantize_q8_0_neon"}
             names.update({f"{op}_{k}": f"gpt2asm_{op}_{k}_{isa[op]}" for op in isa for k in kinds})
         else:
+            from .q0kernels import mv_variant
             v = self._q0_variant()
             qisa = "avx512" if v.startswith("avx512") else "avx2"
             names = {"quantize": f"gpt2asm_quantize_q8_0_{qisa}"}
-            names.update({f"{op}_{k}": f"gpt2asm_{op}_{k}_{v}" for op in ("matvec", "matmul") for k in kinds})
+            names.update({f"matvec_{k}": f"gpt2asm_matvec_{k}_{mv_variant(v)}" for k in kinds})
+            names.update({f"matmul_{k}": f"gpt2asm_matmul_{k}_{v}" for k in kinds})
         return names if all(hasattr(self.lib, n) for n in names.values()) else None
 
     def _address(self, name: str) -> int:

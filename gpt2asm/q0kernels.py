@@ -27,6 +27,8 @@ Q0_MAX_IN = 1 << 15      # the kernels keep per-block tables on the stack: matve
                          # matmul at least one token block's activation panel (n_in/32 * 320 bytes <= 320 KiB)
 # family -> (plain variant, VNNI variant, the CPU feature the VNNI one needs)
 Q0_VARIANTS = {"avx2": ("avx2", "avxvnni", "avx_vnni"), "avx512": ("avx512", "avx512vnni", "avx512_vnni")}
+# decode (matvec) variants that also come with the Zen 4 tuning (the same code with nops: docs/kernels.md)
+Q0_MV_ZEN4 = ("avx512vnni",)
 
 
 def q0_features() -> dict[str, bool]:
@@ -54,6 +56,28 @@ def q0_variant(family: str, plain: bool | None = None) -> str:
     return vnni if f[feat] and not plain else base
 
 
+def is_zen4() -> bool:
+    """An AMD CPU of family 19h with AVX-512 (Zen 4; Zen 3 has no AVX-512): CPUID vendor AuthenticAMD,
+    display family = base 0xf + extended 0xa."""
+    if ARCH != "x86_64":
+        return False
+    _, ebx, ecx, edx = cpuid(0)
+    vendor = b"".join(r.to_bytes(4, "little") for r in (ebx, edx, ecx))
+    eax1 = cpuid(1)[0]
+    family = (eax1 >> 8 & 0xf) + (eax1 >> 20 & 0xff)
+    return vendor == b"AuthenticAMD" and family == 0x19
+
+
+def mv_variant(variant: str) -> str:
+    """The decode (matvec) kernel of a q0 variant: its _zen4 tuning on Zen 4 (is_zen4), else the variant
+    itself.  $GPT2ASM_Q0_ZEN4=1 / 0 forces / forbids the Zen 4 tuning (bits are the same)."""
+    if variant not in Q0_MV_ZEN4:
+        return variant
+    force = os.environ.get("GPT2ASM_Q0_ZEN4", "")
+    zen4 = is_zen4() if force == "" else force != "0"
+    return variant + "_zen4" if zen4 else variant
+
+
 class Q0Kernels:
     """One q0 variant bound (quantizer of its width, q8_0 and q4_0 matvec).  Methods take numpy arrays
     and validate them before anything reaches the assembly."""
@@ -69,7 +93,7 @@ class Q0Kernels:
         # void gpt2asm_matvec_q8_0_<isa>(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
         #                                float *y, size_t n_in, size_t tile_begin, size_t tile_end);
         # void gpt2asm_matvec_q4_0_<isa>(the same);
-        self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{self.variant}", [P, P, P, P, P, N, N, N])
+        self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{mv_variant(self.variant)}", [P, P, P, P, P, N, N, N])
                           for k in Q0_RECORD}
         # void gpt2asm_matmul_q8_0_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
         #                                size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,

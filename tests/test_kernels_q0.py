@@ -36,6 +36,7 @@ QK, TILE, RECORD = q0ref.QK, q0ref.TILE, q0ref.RECORD
 KINDS = ("q8_0", "q4_0")
 QUANT_ISAS = ("avx2", "avx512")
 MV_ISAS = ("avx2", "avxvnni", "avx512", "avx512vnni")
+MV_TUNED = ("avx512vnni_zen4",)                   # decode-only tunings of a variant (the same code + nops)
 EMU_ISAS = ("avx512", "avx512vnni")              # what tests/avx512emu.py's CPU runs
 Y_FILL = np.uint32(0x7FC0DEAD)
 P, S = ctypes.c_void_p, ctypes.c_size_t
@@ -60,7 +61,7 @@ def load_lib() -> ctypes.CDLL:
         fn.argtypes = [P, P, P, S]
         fn.restype = None
     for kind in KINDS:
-        for isa in MV_ISAS:
+        for isa in MV_ISAS + MV_TUNED:
             fn = getattr(lib, mv_symbol(kind, isa), None)
             if fn is None:
                 continue
@@ -102,7 +103,8 @@ def native_isas(lib) -> set[str]:
 
 
 def runner_modes(isa: str) -> list[str]:
-    """'native' and/or 'emu' for this variant here, or pytest.skip."""
+    """'native' and/or 'emu' for this variant (or tuning of one) here, or pytest.skip."""
+    isa = isa.removesuffix("_zen4")
     lib = load_lib()
     out = []
     if isa in native_isas(lib):
@@ -306,11 +308,20 @@ def act(rng, n_in: int, special: bool = False):
     return q0ref.quantize_act(x)
 
 
-MV_CASES = [(kind, isa) for kind in KINDS for isa in MV_ISAS]
+MV_CASES = [(kind, isa) for kind in KINDS for isa in MV_ISAS + MV_TUNED]
 
 
 @pytest.fixture(scope="module", params=MV_CASES, ids=[f"{k}_{i}" for k, i in MV_CASES])
 def mvvar(request):
+    kind, isa = request.param
+    return kind, isa, runner_modes(isa)
+
+
+MM_CASES = [(kind, isa) for kind in KINDS for isa in MV_ISAS]      # no decode-only tunings
+
+
+@pytest.fixture(scope="module", params=MM_CASES, ids=[f"{k}_{i}" for k, i in MM_CASES])
+def mmvar(request):
     kind, isa = request.param
     return kind, isa, runner_modes(isa)
 
@@ -504,9 +515,9 @@ def acts(rng, n_tok: int, n_in: int):
 
 
 @pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 16, 17, 18])
-def test_matmul_tokens(mvvar, n_tok):
+def test_matmul_tokens(mmvar, n_tok):
     """Every token count around the register blocks (6 for ymm, 8 for zmm), strided rows, tile ranges."""
-    kind, isa, modes = mvvar
+    kind, isa, modes = mmvar
     rng = np.random.default_rng(40 + n_tok)
     for k, (n_in, nt, tb, te, n_out) in enumerate(((64, 3, 0, 3, 150), (96, 4, 1, 3, 256), (32, 2, 1, 2, 128))):
         q, dw = make_weights(rng, kind, n_out, n_in, every_value=k == 1)
@@ -517,13 +528,13 @@ def test_matmul_tokens(mvvar, n_tok):
 
 
 @pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 6, 7, 8, 10, 14, 16, 17, 32, 33])
-def test_matmul_small_batches(mvvar, n_tok):
+def test_matmul_small_batches(mmvar, n_tok):
     """Batched decode's sizes: the wide passes (zmm: the whole record for 1-2 tokens, two sub-tiles for 3-4;
     ymm: two sub-tiles for 1-3; also as the last block of 8 + 2, 8 + 8 + 1, 6 + 2, 6 + 6 + 2 ... tokens) and
     the next-tile prefetch of super-chunks of <= 32 tokens (33: none), over several tiles (the prefetch
     runs past the range's last tile), odd block counts and a padded last tile; the emulator takes the
     smaller cases."""
-    kind, isa, modes = mvvar
+    kind, isa, modes = mmvar
     rng = np.random.default_rng(500 + n_tok)
     for k, (n_in, nt, tb, te, n_out) in enumerate(((800, 5, 1, 5, 300), (96, 3, 0, 3, 192), (3072, 2, 1, 2, 128))):
         use = modes if (n_in == 96 or n_tok <= 2 and n_in == 800) else [m for m in modes if m == "native"]
@@ -537,9 +548,9 @@ def test_matmul_small_batches(mvvar, n_tok):
 
 
 @pytest.mark.parametrize("n_in", [800, 3072])
-def test_matmul_large(mvvar, n_in):
+def test_matmul_large(mmvar, n_in):
     """Odd block counts and, at 3072 inputs with 50 tokens, several super-chunks of the activation panel."""
-    kind, isa, modes = mvvar
+    kind, isa, modes = mmvar
     rng = np.random.default_rng(n_in + 1)
     n_tok = 50 if n_in == 3072 else 11
     q, dw = make_weights(rng, kind, 128, n_in)
@@ -552,10 +563,10 @@ def test_matmul_large(mvvar, n_in):
         check_mm(["emu"], kind, isa, w, XQ[:9], XD[:9], b, 2, 1, 2)
 
 
-def test_matmul_wide_rows(mvvar):
+def test_matmul_wide_rows(mmvar):
     """n_in = 16384: one token block's panel (512 blocks x 40 x TB bytes) exceeds the 128 KiB budget, so
     every super-chunk is a single token block (natively only: a long emulation)."""
-    kind, isa, modes = mvvar
+    kind, isa, modes = mmvar
     if "native" not in modes:
         pytest.skip("native only")
     rng = np.random.default_rng(77)
@@ -567,8 +578,8 @@ def test_matmul_wide_rows(mvvar):
     check_mv(["native"], kind, isa, w, XQ[3], XD[3], None, 1, 0, 1)
 
 
-def test_matmul_empty(mvvar):
-    kind, isa, modes = mvvar
+def test_matmul_empty(mmvar):
+    kind, isa, modes = mmvar
     rng = np.random.default_rng(2)
     q, dw = make_weights(rng, kind, 128, 64)
     w = q0ref.tile(q, dw, kind)
@@ -669,6 +680,12 @@ def test_instruction_sets():
                     assert dots and all(i.startswith("{vex}") for i in dots), f"{sym}: {dots[:3]}"
                 else:
                     assert dots and not any(i.startswith("{vex}") for i in dots), f"{sym}: {dots[:3]}"
+    for kind in KINDS:
+        for tuned in MV_TUNED:              # the same instructions as the variant, plus nops
+            strip = lambda ins: [i for i in ins if i.split()[0] != "nop"]
+            base = strip(dis[mv_symbol(kind, tuned.removesuffix("_zen4"))])
+            got = strip(dis[mv_symbol(kind, tuned)])
+            assert [i.split()[0] for i in got] == [i.split()[0] for i in base], mv_symbol(kind, tuned)
     bad = [i for i in dis[quant_symbol("avx2")] if evex.search(i)]
     assert not bad, f"{quant_symbol('avx2')}: {bad[:3]}"
 
@@ -725,6 +742,9 @@ def test_bindings_variants_and_checks(monkeypatch):
                     k.quantize(bad)
     monkeypatch.setenv("GPT2ASM_Q0_PLAIN", "1")
     assert K.q0_variant("avx2") == "avx2"
+    for force, want in (("1", "avx512vnni_zen4"), ("0", "avx512vnni")):
+        monkeypatch.setenv("GPT2ASM_Q0_ZEN4", force)
+        assert K.mv_variant("avx512vnni") == want and K.mv_variant("avx512") == "avx512"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -757,8 +777,8 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False) -> None:
           f"  (medians of {rounds} interleaved rounds; weights not in cache; "
           f"{'wall' if wall else 'thread CPU'} time)")
     for kind in KINDS:
-        for isa in MV_ISAS:
-            if isa not in have:
+        for isa in MV_ISAS + MV_TUNED:
+            if isa.removesuffix("_zen4") not in have:
                 print(f"{mv_symbol(kind, isa)}: not on this CPU, skipped")
                 continue
             fn = getattr(lib, mv_symbol(kind, isa))

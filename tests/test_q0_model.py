@@ -175,10 +175,13 @@ class EmulatedQ0(EmulatedAvx512):
         return self.emulator.address_of(name)
 
 
-@pytest.mark.parametrize("variant", ["avx512vnni", "avx512"])
-def test_emulated_avx512(ckpt_tiny, families, variant):
+@pytest.mark.parametrize("variant", ["avx512vnni", "avx512vnni_zen4", "avx512"])
+def test_emulated_avx512(ckpt_tiny, families, variant, monkeypatch):
     """The AVX-512 q0 plans under the emulator (one thread): q8_0 cached steps and prefill, q4_0 steps,
-    against native avx2 (kept small: the emulator runs ~1000x slower)."""
+    against native avx2 (kept small: the emulator runs ~1000x slower).  avx512vnni_zen4: the VNNI
+    variant with the Zen 4 decode tuning forced ($GPT2ASM_Q0_ZEN4)."""
+    monkeypatch.setenv("GPT2ASM_Q0_ZEN4", "1" if variant.endswith("_zen4") else "0")
+    tuned, variant = variant, variant.removesuffix("_zen4")
     emu = emulator()
     try:
         ids = prompt(5, 13)
@@ -188,7 +191,7 @@ def test_emulated_avx512(ckpt_tiny, families, variant):
             want, want_st = cached_steps(Transformer(w, k), ids)
             k.close()
             k = EmulatedQ0(emu, variant)
-            assert k.q0_names[f"matvec_{dtype}"] == f"gpt2asm_matvec_{dtype}_{variant}"
+            assert k.q0_names[f"matvec_{dtype}"] == f"gpt2asm_matvec_{dtype}_{tuned}"
             model = Transformer(w, k)
             got, st = cached_steps(model, ids[:3])
             assert np.array_equal(bits(got), bits(want[:3])), f"{dtype} {variant}: steps"

@@ -30,17 +30,38 @@
         q0_const q0_mv_avx512, 64
         .set    Q0_SPILL, 0                     // the fp32 sums all in registers
 
-        /* nops after each 64-byte line's ops, per kernel (the throttle: see above; measured best of 0-24) */
-        .set    PAD_Q8S, 4
-        .set    PAD_Q8V, 8
-        .set    PAD_Q4M, 4
-        .set    PAD_Q4V, 4
+        /* nops after each 64-byte line's ops, per kernel (the throttle: see above).  The VNNI kernels come
+         * in two tunings with the same code otherwise: gpt2asm_matvec_*_avx512vnni without nops (Zen 5:
+         * 0.94 of a read for q8_0 against 0.70 with 8 nops) and gpt2asm_matvec_*_avx512vnni_zen4 with
+         * them (Zen 4: 0.95-1.0 against 0.80-0.85 without); Python picks by CPU (q0kernels.mv_variant).
+         * -D<name>_N overrides a count for experiments. */
+#ifndef PAD_Q8S_N
+#define PAD_Q8S_N 4
+#endif
+#ifndef PAD_Q4M_N
+#define PAD_Q4M_N 4
+#endif
+#ifndef PAD_Q8V_N
+#define PAD_Q8V_N 0
+#endif
+#ifndef PAD_Q4V_N
+#define PAD_Q4V_N 0
+#endif
+#ifndef PAD_Q8V_ZEN4_N
+#define PAD_Q8V_ZEN4_N 8
+#endif
+#ifndef PAD_Q4V_ZEN4_N
+#define PAD_Q4V_ZEN4_N 4
+#endif
+        .set    PAD_Q8S, PAD_Q8S_N
+        .set    PAD_Q4M, PAD_Q4M_N
 
         .macro  pad n
         .rept   \n
         nop
         .endr
         .endm
+
 
         .macro  q0_consts
         movrel  %rbx, q0_mv_avx512
@@ -124,19 +145,19 @@
         flt_rec
         .endm
 
-        .macro  q8v_vec off, i
+        .macro  q8v_vec off, i, np
         vpxord  \off(%rdi), %zmm9, %zmm10       // w + 128, unsigned
         vpdpbusd %zmm8, %zmm10, %zmm\i
-        pad     PAD_Q8V
+        pad     \np
         .endm
 
-        .macro  q8_avx512vnni_blk
+        .macro  q8_avx512vnni_blk np
         dw_rec
         vpbroadcastd Q0_K80(%rbx), %zmm9
         init_corr
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         vpbroadcastd 4*\g(%rax), %zmm8
-        each_off q8v_vec, 128+256*\g, 64, , 4, 5, 6, 7
+        each_off q8v_vec, 128+256*\g, 64, \np, 4, 5, 6, 7
         .endr
         flt_rec
         .endm
@@ -178,21 +199,21 @@
         flt_rec
         .endm
 
-        .macro  q4v_vec off, i
+        .macro  q4v_vec off, i, np
         nibbles \off
         vpdpbusd %zmm8, %zmm10, %zmm\i
         vpdpbusd %zmm9, %zmm11, %zmm\i
-        pad     PAD_Q4V
+        pad     \np
         .endm
 
-        .macro  q4_avx512vnni_blk
+        .macro  q4_avx512vnni_blk np
         dw_rec
         vpbroadcastd Q0_M0F(%rbx), %zmm14
         init_corr
         .irp    g, 0, 1, 2, 3
         vpbroadcastd 4*\g(%rax), %zmm8
         vpbroadcastd 4*\g+16(%rax), %zmm9
-        each_off q4v_vec, 128+256*\g, 64, , 4, 5, 6, 7
+        each_off q4v_vec, 128+256*\g, 64, \np, 4, 5, 6, 7
         .endr
         flt_rec
         .endm
@@ -206,9 +227,28 @@ function gpt2asm_matvec_q8_0_avx512
         mv_q0   2176, 0, q8_avx512_blk
 endfunc
 
+        /* the VNNI bodies in their two tunings (the nops per line) */
+        .macro  q8v_blk
+        q8_avx512vnni_blk PAD_Q8V_N
+        .endm
+        .macro  q8v_blk_zen4
+        q8_avx512vnni_blk PAD_Q8V_ZEN4_N
+        .endm
+        .macro  q4v_blk
+        q4_avx512vnni_blk PAD_Q4V_N
+        .endm
+        .macro  q4v_blk_zen4
+        q4_avx512vnni_blk PAD_Q4V_ZEN4_N
+        .endm
+
 /* void gpt2asm_matvec_q8_0_avx512vnni(same);  any int8 xq.  AVX512F + BW + VNNI. */
 function gpt2asm_matvec_q8_0_avx512vnni
-        mv_q0   2176, 7, q8_avx512vnni_blk
+        mv_q0   2176, 7, q8v_blk
+endfunc
+
+/* void gpt2asm_matvec_q8_0_avx512vnni_zen4(same): the same code with the Zen 4 throttle. */
+function gpt2asm_matvec_q8_0_avx512vnni_zen4
+        mv_q0   2176, 7, q8v_blk_zen4
 endfunc
 
 /* void gpt2asm_matvec_q4_0_avx512(same as q8_0, the q4_0 records);  AVX512F + BW. */
@@ -218,5 +258,10 @@ endfunc
 
 /* void gpt2asm_matvec_q4_0_avx512vnni(same);  AVX512F + BW + VNNI. */
 function gpt2asm_matvec_q4_0_avx512vnni
-        mv_q0   1152, 3, q4_avx512vnni_blk
+        mv_q0   1152, 3, q4v_blk
+endfunc
+
+/* void gpt2asm_matvec_q4_0_avx512vnni_zen4(same): the same code with the Zen 4 throttle. */
+function gpt2asm_matvec_q4_0_avx512vnni_zen4
+        mv_q0   1152, 3, q4v_blk_zen4
 endfunc
