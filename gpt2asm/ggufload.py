@@ -28,11 +28,14 @@ Q4_0 -> q4_0) decides the engine's arrays, and each tensor is used as follows:
     Q8_0 / Q4_0 blocks for q8_0 / q4_0 repacked losslessly into quant0's records (no requantization), so a
     GGUF Q8_0 of a checkpoint gives exactly the ints and scales --dtype q8_0 of that checkpoint gives;
   - any other tensor is first dequantized to float32 as ggml does (F16 / BF16 widened exactly; Q8_0 / Q4_0
-    e = float32(q) * float32(d); Q6_K by gguf.quants) and then converted like a checkpoint's float32 tensor
+    e = float32(q) * float32(d); Q6_K (float32(d) * float32(sc)) * float32(q)) and then converted like a
+    checkpoint's float32 tensor
     (f16: rounded to nearest even, beyond float16's range an error; q8_0 / q4_0: quantized).
-  - q8_0 / q4_0 runs: the head is q8_0 (quant0.HEAD_KIND): output.weight's (else token_embd's) Q8_0 blocks
-    as stored, anything else quantized to q8_0; the lookup rows (wte) are token_embd dequantized when it is
-    Q8_0 / Q4_0, else token_embd quantized to q8_0 and dequantized (as from a checkpoint).
+  - q8_0 / q4_0 runs: the head is in quant0.head_kind(dtype, C) -- q8_0 for q8_0, q6_k (llama.cpp's Q6_K, as
+    llama-quantize keeps it) for q4_0: output.weight's (else token_embd's) blocks as stored when they are of
+    that kind (so a llama.cpp Q4_0 GGUF's Q6_K head loads losslessly), anything else quantized to it; the lookup
+    rows (wte) are token_embd dequantized when it is Q8_0 / Q4_0 / Q6_K, else token_embd quantized to the head
+    kind and dequantized (as from a checkpoint).
 Vectors (norms, biases) and the position embedding are dequantized to float32.
 
 load_gguf (what GPT2.load uses) caches a validated cold load whole in the tile cache, so a warm start reads
@@ -242,28 +245,25 @@ class GGUFModel:
             out = np.asarray(a).astype(np.float32)
         elif typ == "BF16":
             out = (np.asarray(a).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        elif typ in ("Q8_0", "Q4_0"):
-            out = quant0.dequantize(*self.blocks(name))
-        else:                                              # Q6_K (token_embd / output only)
-            from gguf import quants
-            with np.errstate(all="ignore"):
-                out = np.asarray(quants.dequantize(np.asarray(a), t.tensor_type), np.float32)
+        else:                                              # Q8_0 / Q4_0, Q6_K (token_embd / output only)
+            out = quant0.dequantize_blocks(self.blocks(name), typ.lower())
         out = out.reshape(tuple(reversed(t.shape.tolist())))
         if out.size and not np.isfinite(out).all():
             bad = np.argwhere(~np.isfinite(out))[0].tolist()
             raise CheckpointError(f"{self.path}: tensor {name} has non-finite value(s) (NaN/inf), e.g. at {bad}")
         return out
 
-    def blocks(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """A Q8_0 / Q4_0 matrix's (q int8 [n_out][n_in], d float16 [n_out][n_in/32]), bit for bit."""
-        t, typ = self.tensors[name], self.types[name]
+    def blocks(self, name: str) -> tuple[np.ndarray, ...]:
+        """A Q8_0 / Q4_0 / Q6_K matrix's blocks (quant0.from_ggml: (q, d), or (q, sc, d) for Q6_K), bit for
+        bit; the last array is the fp16 scales d [n_out][n_in/unit]."""
+        t, kind = self.tensors[name], self.types[name].lower()
         n_in = int(t.shape[0])
-        q, d = quant0.from_ggml(np.asarray(t.data).reshape(-1, n_in // quant0.QK * quant0.BLOCK_BYTES[typ.lower()]),
-                                typ.lower(), n_in)
+        blocks = quant0.from_ggml(np.asarray(t.data).reshape(-1, quant0.row_bytes(n_in, kind)), kind, n_in)
+        d = blocks[-1]
         if not np.isfinite(d).all():
             o = int(np.argwhere(~np.isfinite(d))[0][0])
             raise CheckpointError(f"{self.path}: tensor {name}: a block scale of row {o} is not finite")
-        return q, d
+        return blocks
 
     # -- the engine's arrays -----------------------------------------------------------------------
 
@@ -280,7 +280,7 @@ class GGUFModel:
                                   f"load it with dtype='f32'")
         return a.astype(np.float16)
 
-    def _q0(self, name: str, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    def _q0(self, name: str, kind: str) -> tuple[np.ndarray, ...]:
         """(q, d) of `kind`: the stored blocks when the tensor is of that type, else quantized from float32."""
         if self.types[name] == kind.upper():
             return self.blocks(name)
@@ -292,7 +292,7 @@ class GGUFModel:
     def matrix(self, name: str, dtype: str):
         """-> the tiled matrix of a [out][in] tensor."""
         if dtype in Q0_DTYPES:
-            return quant0.tile(*self._q0(name, dtype), dtype)
+            return quant0.tile_blocks(self._q0(name, dtype), dtype)
         if dtype == "f16":
             return tile_matrix(self._f16(name).T, np.float16)
         return tile_matrix(self.float32(name).T, np.float32)
@@ -300,7 +300,8 @@ class GGUFModel:
     def head(self, name: str, dtype: str):
         """-> the tiled head from token_embd / output [V][C]."""
         if dtype in Q0_DTYPES:
-            return quant0.tile(*self._q0(name, quant0.HEAD_KIND), quant0.HEAD_KIND)
+            kind = quant0.head_kind(dtype, self.config.n_embd)
+            return quant0.tile_blocks(self._q0(name, kind), kind)
         if dtype == "f16":
             return tile_head(self._f16(name), np.float16)
         return tile_head(self.float32(name), np.float32)
@@ -309,9 +310,10 @@ class GGUFModel:
         """wte: float32 [V][C], 64-byte aligned."""
         name = "token_embd.weight"
         if dtype in Q0_DTYPES:
-            if self.types[name] in ("Q8_0", "Q4_0"):
-                return quant0.dequantize(*self.blocks(name))
-            return quant0.dequantize(*self._q0(name, quant0.HEAD_KIND))
+            if self.types[name] in ("Q8_0", "Q4_0", "Q6_K"):
+                return quant0.dequantize_blocks(self.blocks(name), self.types[name].lower())
+            kind = quant0.head_kind(dtype, self.config.n_embd)
+            return quant0.dequantize_blocks(self._q0(name, kind), kind)
         return _aligned_copy(self.float32(name))
 
     def vector(self, name: str) -> np.ndarray:
@@ -479,7 +481,7 @@ def _expected_arrays(cfg: GPT2Config, dtype: str) -> dict:
     out = {}
 
     def mat(name, n_out, n_in, kind):
-        if kind in Q0_DTYPES:
+        if kind in Q0_DTYPES or kind == "q6_k":
             out[name] = (np.dtype(np.uint8), quant0.tiled_shape(n_out, n_in, kind))
         else:
             out[name] = (np.dtype(MATRIX_DTYPES[kind]), (-(-n_out // TILE), n_in, TILE))
@@ -489,7 +491,7 @@ def _expected_arrays(cfg: GPT2Config, dtype: str) -> dict:
             mat(p + f, o * C, k * C, dtype)
         for f, (_, k) in _vector_names(i).items():
             out[p + f] = pad(k * C)
-    mat("head_w", V, C, quant0.HEAD_KIND if dtype in Q0_DTYPES else dtype)
+    mat("head_w", V, C, quant0.head_kind(dtype, C) if dtype in Q0_DTYPES else dtype)
     out.update({"wte": (f32, (V, C)), "wpe": (f32, (cfg.n_ctx, C)), "ln_f_g": pad(C), "ln_f_b": pad(C)})
     return out
 

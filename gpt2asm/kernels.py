@@ -154,7 +154,7 @@ class Kernels(CheckedOps):
             if fn is not None and restype is not None:
                 fn.restype = restype
             setattr(self, op, fn)
-        # q8_0 / q4_0: {"quantize", "matvec_q8_0", "matvec_q4_0", "matmul_q8_0", "matmul_q4_0"} -> address
+        # q8_0 / q4_0 / q6_k: {"quantize", "matvec_<kind>", "matmul_<kind>"} -> address
         self.q0_names = self._q0_symbols() if self.has_plan and self.family in Q0_PLAN_FAMILIES else None
         self.q0_fns = None if self.q0_names is None else {
             k: self._address(name) for k, name in self.q0_names.items()}
@@ -194,6 +194,13 @@ class Kernels(CheckedOps):
         from .q0kernels import q0_variant
         return q0_variant(self.family)
 
+    def _q6k_variant(self) -> str:
+        """The q6_k (q4_0 models' head) kernels' variant: x86 avx512vnni where the q0 variant is (the avx512
+        family on a CPU with AVX512-VNNI), else avx2; AArch64 neon (the sme2 family too).  Same bits."""
+        if ARCH == "aarch64":
+            return "neon"
+        return "avx512vnni" if self._q0_variant() == "avx512vnni" else "avx2"
+
     def _q0_symbols(self) -> dict[str, str] | None:
         """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any.
         x86: the family's variant (_q0_variant) for every op (the matvec in its CPU tuning: q0kernels.mv_variant),
@@ -214,6 +221,7 @@ class Kernels(CheckedOps):
             names = {"quantize": f"gpt2asm_quantize_q8_0_{qisa}"}
             names.update({f"matvec_{k}": f"gpt2asm_matvec_{k}_{mv_variant(v)}" for k in kinds})
             names.update({f"matmul_{k}": f"gpt2asm_matmul_{k}_{v}" for k in kinds})
+        names.update({f"{op}_q6_k": f"gpt2asm_{op}_q6_k_{self._q6k_variant()}" for op in ("matvec", "matmul")})
         return names if all(hasattr(self.lib, n) for n in names.values()) else None
 
     def _address(self, name: str) -> int:

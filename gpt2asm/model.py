@@ -45,11 +45,11 @@ from .args import integer, token_id, token_ids
 from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
 from .kernels import Kernels
 from .plan import Plan
-from .validate import HEAD_DIM, KV_DTYPES, Q0_RECORD, check
+from .quant0 import head_kind
+from .validate import HEAD_DIM, KV_DTYPES, Q0_RECORD, Q0_UNIT, check
 from .state import BatchRows, State, zeros
 from .weights import MATRIX_DTYPES, Q0_DTYPES, Weights
 
-HEAD_KIND = "q8_0"              # q8_0 / q4_0 models: the LM head's records (quant0.HEAD_KIND)
 
 PREFILL_ROWS = 256              # tokens per prefill run: bounds the row buffers (~7 MB for GPT-2 124M)
 BATCH_ROWS = 64                 # sequences per batched decode run: bounds its row buffers (~14 MB for 124M)
@@ -101,10 +101,10 @@ class Transformer:
         if w.dtype in Q0_DTYPES and not getattr(self.k, f"has_{w.dtype}", False):
             raise KernelUnavailableError(f"the {self.k.family} kernel family runs no {w.dtype} plan jobs")
         for name, a, n_in, n_out in self._matrices():
-            if w.dtype in Q0_DTYPES:            # records [n_tiles][n_in/32][RECORD]; the head always q8_0
-                kind = HEAD_KIND if name == "head_w" else w.dtype
+            if w.dtype in Q0_DTYPES:            # records [n_tiles][n_in/unit][RECORD]; the head: quant0.head_kind
+                kind = head_kind(w.dtype, n_in) if name == "head_w" else w.dtype
                 check(a, name, np.uint8, aligned=True)
-                if a.shape != (-(-n_out // 64), n_in // 32, Q0_RECORD[kind]) or n_in % 32:
+                if a.shape != (-(-n_out // 64), n_in // Q0_UNIT[kind], Q0_RECORD[kind]) or n_in % Q0_UNIT[kind]:
                     raise InvalidArgumentError(f"{name}: {kind} records {a.shape} do not fit {n_in}x{n_out}")
                 continue
             check(a, name, MATRIX_DTYPES[w.dtype], aligned=True)
@@ -231,7 +231,8 @@ class Transformer:
         xq [R][4C] int8, xd [R][4C/32] -- the decode step's quantizer on the same floats, so the same ints
         and scales, and the q0 matmul gives each row the q0 matvec's bits.  Layer 0 starts with the ROWLN
         that writes x = wte + wpe (h = ln_1(x): the same layernorm call as ROWQUANT's), then quantizes h.
-        The head: q8_0 records (HEAD_KIND) over the quantized ln_f(x) rows, then ROWARGMAX."""
+        The head: its records (quant0.head_kind: q8_0, q6_k for q4_0) over the quantized ln_f(x) rows, then
+        ROWARGMAX."""
         w, C, V = self.w, self.cfg.n_embd, self.cfg.vocab_size
         xq, xd = r.q0_rows()
         for i, L in enumerate(w.layers):

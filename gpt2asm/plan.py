@@ -20,7 +20,7 @@ import numpy as np
 from .args import integer, token_id
 from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
 from .plan_rows import RowJobs
-from .validate import (HEAD_DIM, Q0_QK, Q0_RECORD, SIZE_MAX, TILE, addr, aligned_bytes, check, check_attention,
+from .validate import (HEAD_DIM, Q0_QK, Q0_RECORD, Q0_UNIT, SIZE_MAX, TILE, addr, aligned_bytes, check, check_attention,
                        check_cache, check_matrix, check_q0_matrix, is_int)
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class Plan(RowJobs):
 
     def _weights(self, w, n_tiles: int | None = None, op: str = "matvec") -> tuple[int, int, int, dict]:
         """A job's tiled weights: (n_tiles, n_in, dtype flag, record fields).  q8_0 /
-        q4_0 records (uint8 [n_tiles][n_in/32][RECORD]): FL_Q0, and the addresses of the quantizer and of
+        q4_0 / q6_k records (uint8 [n_tiles][n_in/UNIT][RECORD]): FL_Q0, and the addresses of the quantizer and of
         the variant's `op` kernel ("matvec" or "matmul") for them, from Kernels.q0_fns -- never the caller's."""
         if isinstance(w, np.ndarray) and w.dtype == np.uint8:
             n_tiles, n_in, kind = check_q0_matrix(w, "w", n_tiles)
@@ -169,7 +169,7 @@ class Plan(RowJobs):
                                              f"this library")
             return n_tiles, n_in, FL_Q0, dict(w=self._ptr(w), n_in=n_in, qfn=fns["quantize"],
                                               fn=fns[f"{op}_{kind}"],
-                                              tile_bytes=n_in // Q0_QK * Q0_RECORD[kind])
+                                              tile_bytes=n_in // Q0_UNIT[kind] * Q0_RECORD[kind])
         n_tiles, n_in, dtype = check_matrix(w, "w", n_tiles)
         return n_tiles, n_in, _WDTYPES[dtype], dict(w=self._ptr(w), n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
 

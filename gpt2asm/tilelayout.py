@@ -139,12 +139,13 @@ for _dt in ("f32", "f16"):
 
 def q0_expected(ld, dtype: str) -> dict:
     """The q8_0 / q4_0 layouts (gpt2asm.quant0): every block matrix as uint8 records [ceil(out/64)][in/32]
-    [RECORD[dtype]], the head as q8_0 records, and wte: the dequantized q8_0 embedding, float32 [V][C]."""
+    [RECORD[dtype]], the head as records of quant0.head_kind (q8_0; q6_k for q4_0), and wte: the dequantized
+    head blocks, float32 [V][C]."""
     from . import quant0
     cfg = ld.config
     C, V, u8 = cfg.n_embd, cfg.vocab_size, np.dtype(np.uint8)
     out = _block_matrices(cfg, lambda n_in, n_out: (u8, quant0.tiled_shape(n_out, n_in, dtype)))
-    out["head_w"] = (u8, quant0.tiled_shape(V, C, quant0.HEAD_KIND))
+    out["head_w"] = (u8, quant0.tiled_shape(V, C, quant0.head_kind(dtype, C)))
     out["wte"] = (np.dtype(np.float32), (V, C))
     return out
 

@@ -100,27 +100,31 @@ def check_rows(a, name: str, width: int, writable: bool = False, dtype=np.float3
     return a.shape[0], rs // es
 
 
-# q8_0 / q4_0 tiled records (docs/kernels.md, q8_0 / q4_0; gpt2asm/quant0.py): bytes per (tile, block) record
-Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}
-Q0_QK = 32                      # inputs per block
+# q8_0 / q4_0 / q6_k tiled records (docs/kernels.md, "q8_0 / q4_0" and "q6_k"; gpt2asm/quant0.py): bytes per
+# record and the inputs one record covers -- q8_0 / q4_0: a (tile, block of 32) record; q6_k: a (tile,
+# super-block of 256) super-record (the 64 d's and 8 records of 1664 bytes)
+Q0_RECORD = {"q8_0": 2176, "q4_0": 1152, "q6_k": 13440}
+Q0_UNIT = {"q8_0": 32, "q4_0": 32, "q6_k": 256}
+Q0_QK = 32                      # inputs per block (of the activations, and of q8_0 / q4_0 weights)
 Q0_MAX_IN = 1 << 15             # the kernels' stack tables (q0kernels.Q0_MAX_IN)
 
 
 def check_q0_matrix(w, name: str = "w", n_tiles: int | None = None) -> tuple[int, int, str]:
-    """Validate q8_0 / q4_0 tiled records uint8 [n_tiles][n_in/32][RECORD] (64-byte aligned, C-contiguous):
-    (n_tiles, n_in, kind) -- the kind is told by the record size."""
+    """Validate q8_0 / q4_0 / q6_k tiled records uint8 [n_tiles][n_in/UNIT][RECORD] (64-byte aligned,
+    C-contiguous): (n_tiles, n_in, kind) -- the kind is told by the record size."""
     kinds = {r: k for k, r in Q0_RECORD.items()}
     if not (isinstance(w, np.ndarray) and w.ndim == 3 and w.dtype == np.uint8 and w.shape[2] in kinds
             and w.shape[0] >= 1 and w.shape[1] >= 1):
-        raise InvalidArgumentError(f"{name}: expected q8_0 / q4_0 records uint8 [n_tiles][n_in/32]"
+        raise InvalidArgumentError(f"{name}: expected q8_0 / q4_0 / q6_k records uint8 [n_tiles][n_in/unit]"
                                    f"[{' or '.join(map(str, kinds))}]")
-    nt, nb, rec = w.shape
-    if nb * Q0_QK > Q0_MAX_IN:
-        raise InvalidArgumentError(f"{name}: {nb * Q0_QK} inputs, at most {Q0_MAX_IN}")
+    nt, nr, rec = w.shape
+    n_in = nr * Q0_UNIT[kinds[rec]]
+    if n_in > Q0_MAX_IN:
+        raise InvalidArgumentError(f"{name}: {n_in} inputs, at most {Q0_MAX_IN}")
     if n_tiles is not None and nt != n_tiles:
         raise InvalidArgumentError(f"{name}: {nt} tiles, expected {n_tiles}")
     check(w, name, np.uint8, aligned=True)
-    return nt, nb * Q0_QK, kinds[rec]
+    return nt, n_in, kinds[rec]
 
 
 def aligned_bytes(nbytes: int) -> np.ndarray:

@@ -490,12 +490,14 @@ class _Loader:
         from . import quant0
         return self._q0(quant0.quantize_tiled, self.tensor(bare).T, kind, bare)
 
-    def head_q0(self, bare: str) -> tuple[np.ndarray, np.ndarray]:
-        """wte / lm_head.weight E[V][C] in quant0.HEAD_KIND: (records [V_pad/64][C/32][RECORD], the dequantized
-        rows float32 [V][C] -- what the lookup uses)."""
+    def head_q0(self, bare: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """wte / lm_head.weight E[V][C] in quant0.head_kind(dtype, C) (q8_0; q6_k for q4_0): (its records,
+        the dequantized rows float32 [V][C] -- what the lookup uses)."""
         from . import quant0
-        q, d = self._q0(quant0.quantize, self.tensor(bare), quant0.HEAD_KIND, bare)
-        return quant0.tile(q, d, quant0.HEAD_KIND), quant0.dequantize(q, d)
+        E = self.tensor(bare)
+        kind = quant0.head_kind(dtype, E.shape[1])
+        blocks = self._q0(quant0.quantize, E, kind, bare)
+        return quant0.tile_blocks(blocks, kind), quant0.dequantize_blocks(blocks, kind)
 
     def _q0(self, fn, w, kind: str, bare: str):
         try:
@@ -563,10 +565,10 @@ def load_weights(path, dtype: str = "f32") -> Weights:
         ))
 
     tied = "lm_head.weight" not in ld.names
-    if dtype in Q0_DTYPES:                  # the embedding and head as q8_0 blocks, as llama.cpp's converter
-        head_w, wte = ld.head_q0("wte.weight")
+    if dtype in Q0_DTYPES:                  # the embedding and head in blocks (q8_0; q6_k for q4_0), as llama.cpp
+        head_w, wte = ld.head_q0("wte.weight", dtype)
         if not tied:
-            head_w = ld.head_q0("lm_head.weight")[0]
+            head_w = ld.head_q0("lm_head.weight", dtype)[0]
         wte_is_mapped = False
     else:
         wte = ld.tensor("wte.weight", f16_target=tied and half)

@@ -237,11 +237,12 @@ def _check_q0(dtype: str, kernels) -> None:
 
 def q0_matrix_bytes(w) -> int:
     """Bytes a q8_0 / q4_0 decode step reads of weight matrices: the 4 block matrices of every layer in the
-    dtype's blocks (34 or 18 bytes per 32 weights, the fp16 scale included) and the LM head in q8_0 (as
-    weights.load_weights stores both dtypes' heads), its vocabulary padded as the tiles are."""
+    dtype's blocks (34 or 18 bytes per 32 weights, the fp16 scale included) and the LM head in its kind
+    (quant0.head_kind: q8_0 34 bytes per 32, q6_k 210 per 256), its vocabulary padded as the tiles are."""
+    from gpt2asm import quant0
     cfg = w.config
     C, L, V = cfg.n_embd, cfg.n_layer, getattr(w, "n_vocab_padded", cfg.vocab_size)
-    return (12 * C * C * L * Q0_BLOCK_BYTES[w.dtype] + V * C * Q0_BLOCK_BYTES["q8_0"]) // 32
+    return 12 * C * C * L * Q0_BLOCK_BYTES[w.dtype] // 32 + V * quant0.row_bytes(C, quant0.head_kind(w.dtype, C))
 
 
 def w_startup(model: str, dtype: str, cache: str) -> dict:
@@ -1076,7 +1077,8 @@ def main(argv=None) -> int:
         lines.append(f"- start-up {dt}: cold {_detail(c)}; warm {_detail(w)}")
     lines.append(f"- q8_0 / q4_0: bound = read bandwidth / bytes of their matrices per token (the block "
                  f"matrices in the dtype's blocks, {Q0_BLOCK_BYTES['q8_0']} / {Q0_BLOCK_BYTES['q4_0']} bytes per 32 "
-                 "weights with the fp16 scale; the LM head in q8_0); their prefill is integer, so no FMA-peak share. "
+                 "weights with the fp16 scale; the LM head in q8_0 for q8_0, in q6_k (210 bytes per 256) for q4_0); "
+                 "their prefill is integer, so no FMA-peak share. "
                  f"TTFT {prompt_len} vs f32 / vs llama.cpp Q8_0: fp32's TTFT of the same family and -j in this run, "
                  f"and llama.cpp's {prompt_len} / pp{prompt_len} of its Q8_0 GGUF, over the row's TTFT (> 1x: "
                  "faster). vs llama.cpp Q8_0 / Q4_0: the row's decode tok/s over llama.cpp's tg128 of each.")
