@@ -199,7 +199,8 @@ class Kernels(CheckedOps):
         family on a CPU with AVX512-VNNI), else avx2; AArch64 neon (the sme2 family too).  Same bits."""
         if ARCH == "aarch64":
             return "neon"
-        return "avx512vnni" if self._q0_variant() == "avx512vnni" else "avx2"
+        from .q0kernels import q6k_variant
+        return q6k_variant(self._q0_variant())
 
     def _q0_symbols(self) -> dict[str, str] | None:
         """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any.

@@ -15,14 +15,15 @@ import numpy as np
 from .cpu import choose_family, cpuid
 from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
 from .lib import ARCH, load_library
-from .validate import TILE, addr, check, is_int as _is_int
+from .validate import Q0_RECORD as RECORD, Q0_UNIT, TILE, addr, check, is_int as _is_int
 
 # --------------------------------------------------------------------------------------------------
 # q8_0 / q4_0 integer kernels (docs/kernels.md): one contiguous block (variant choice, bindings,
 # checked wrappers), independent of Kernels above
 
 Q0_QK = 32                                        # inputs per block
-Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}          # bytes per (tile, block) record
+Q0_RECORD = RECORD                                # bytes per record (validate.py: q8_0, q4_0, q6_k) and
+                                                  # the inputs it covers (Q0_UNIT: 32, 32, 256)
 Q0_MAX_IN = 1 << 15      # the kernels keep per-block tables on the stack: matvec n_in/32 int32 (<= 4 KiB),
                          # matmul at least one token block's activation panel (n_in/32 * 320 bytes <= 320 KiB)
 # family -> (plain variant, VNNI variant, the CPU feature the VNNI one needs)
@@ -68,6 +69,12 @@ def is_zen4() -> bool:
     return vendor == b"AuthenticAMD" and family == 0x19
 
 
+def q6k_variant(variant: str) -> str:
+    """The q6_k (the q4_0 models' head) kernels of a q0 variant: avx512vnni for avx512vnni, else avx2
+    (every variant the same bits)."""
+    return "avx512vnni" if variant == "avx512vnni" else "avx2"
+
+
 def mv_variant(variant: str) -> str:
     """The decode (matvec) kernel of a q0 variant: its _zen4 tuning on Zen 4 (is_zen4), else the variant
     itself.  $GPT2ASM_Q0_ZEN4=1 / 0 forces / forbids the Zen 4 tuning (bits are the same)."""
@@ -93,13 +100,15 @@ class Q0Kernels:
         # void gpt2asm_matvec_q8_0_<isa>(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
         #                                float *y, size_t n_in, size_t tile_begin, size_t tile_end);
         # void gpt2asm_matvec_q4_0_<isa>(the same);
-        self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{mv_variant(self.variant)}", [P, P, P, P, P, N, N, N])
-                          for k in Q0_RECORD}
+        # void gpt2asm_matvec_q6_k_<isa>(the same);
+        mv = {"q8_0": mv_variant(self.variant), "q4_0": mv_variant(self.variant), "q6_k": q6k_variant(self.variant)}
+        self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{mv[k]}", [P, P, P, P, P, N, N, N]) for k in Q0_RECORD}
         # void gpt2asm_matmul_q8_0_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
         #                                size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,
         #                                size_t n_in, size_t tile_begin, size_t tile_end);
-        # void gpt2asm_matmul_q4_0_<isa>(the same);
-        self.matmul_fn = {k: self._bind(f"gpt2asm_matmul_{k}_{self.variant}", [P, P, N, P, N, P, P, N, N, N, N, N])
+        # void gpt2asm_matmul_q4_0_<isa>(the same);  void gpt2asm_matmul_q6_k_<isa>(the same);
+        mm = {"q8_0": self.variant, "q4_0": self.variant, "q6_k": q6k_variant(self.variant)}
+        self.matmul_fn = {k: self._bind(f"gpt2asm_matmul_{k}_{mm[k]}", [P, P, N, P, N, P, P, N, N, N, N, N])
                           for k in Q0_RECORD}
 
     def _bind(self, name: str, argtypes):
@@ -141,11 +150,13 @@ class Q0Kernels:
         """Validate the tiled records w and the bias: (n_tiles, w address, b address or None, tb, te)."""
         if kind not in Q0_RECORD:
             raise InvalidArgumentError(f"kind must be one of {', '.join(Q0_RECORD)}, got {kind!r}")
-        nb = n_in // Q0_QK
-        if not isinstance(w, np.ndarray) or w.size == 0 or w.size % (nb * Q0_RECORD[kind]):
+        if n_in % Q0_UNIT[kind]:
+            raise InvalidArgumentError(f"{kind}: n_in must be a multiple of {Q0_UNIT[kind]}, got {n_in}")
+        per_tile = n_in // Q0_UNIT[kind] * Q0_RECORD[kind]
+        if not isinstance(w, np.ndarray) or w.size == 0 or w.size % per_tile:
             raise InvalidArgumentError(f"w: expected {kind} records, a whole number of tiles of "
-                                       f"{nb * Q0_RECORD[kind]} bytes for n_in {n_in}")
-        nt = w.size // (nb * Q0_RECORD[kind])
+                                       f"{per_tile} bytes for n_in {n_in}")
+        nt = w.size // per_tile
         pw = check(w, "w", np.uint8, aligned=True)
         pb = check(b, "b", np.float32, nt * TILE) if b is not None else None
         te = nt if tile_end is None else tile_end
@@ -195,8 +206,7 @@ class Q0Kernels:
 # variant inside the neon family is chosen by cpu.q0_isa (dotprod / i8mm where the CPU has them;
 # $GPT2ASM_ARM_Q0=neon forces base ARMv8.0); every variant gives the same bits.
 
-Q0_RECORD = {"q8_0": 2176, "q4_0": 1152}       # bytes of one (tile, block) record
-Q0_BLOCK = 32                                   # inputs per block
+Q0_BLOCK = 32                                   # inputs per block (of the activations)
 
 
 class ArmQ0:
@@ -223,19 +233,21 @@ class ArmQ0:
         self._quantize = bind("gpt2asm_quantize_q8_0_neon", [P, P, P, N])
         # void gpt2asm_matvec_{q8_0,q4_0}_<isa>(const uint8_t *w, const int8_t *xq, const float *xd,
         #                     const float *b, float *y, size_t n_in, size_t tile_begin, size_t tile_end);
-        self._matvec = {k: bind(f"gpt2asm_matvec_{k}_{self.isa['matvec']}", [P, P, P, P, P, N, N, N])
-                        for k in Q0_RECORD}
+        #     void gpt2asm_matvec_q6_k_neon(the same)  (q6_k: neon for every family, the sme2 one too)
+        self._matvec = {k: bind(f"gpt2asm_matvec_{k}_{'neon' if k == 'q6_k' else self.isa['matvec']}",
+                                [P, P, P, P, P, N, N, N]) for k in Q0_RECORD}
         # void gpt2asm_matmul_{q8_0,q4_0}_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
         #                     size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
         #                     size_t tile_begin, size_t tile_end);     (optional until the library has them)
         from .cpu import Q0_ISAS            # (a library without the chosen variant: the next best)
         self._matmul = {}
-        for k in Q0_RECORD:
+        for k in ("q8_0", "q4_0"):
             isas = ("sme2",) if family == "sme2" else Q0_ISAS[:Q0_ISAS.index(self.isa["matmul"]) + 1]
             have = [i for i in isas if hasattr(self.lib, f"gpt2asm_matmul_{k}_{i}")]
             if have:
                 self.isa["matmul"] = have[-1]
                 self._matmul[k] = bind(f"gpt2asm_matmul_{k}_{have[-1]}", [P, P, N, P, N, P, P, N, N, N, N, N])
+        self._matmul["q6_k"] = bind("gpt2asm_matmul_q6_k_neon", [P, P, N, P, N, P, P, N, N, N, N, N])
 
     @staticmethod
     def _n_in(n_in) -> int:
@@ -247,8 +259,10 @@ class ArmQ0:
         """Validate tiled records for n_in inputs: n_tiles."""
         if kind not in Q0_RECORD:
             raise InvalidArgumentError(f"unknown integer weight type {kind!r}")
+        if n_in % Q0_UNIT[kind]:
+            raise InvalidArgumentError(f"{kind}: n_in must be a multiple of {Q0_UNIT[kind]}, got {n_in}")
         check(w, "w", np.uint8, aligned=True)
-        per_tile = n_in // Q0_BLOCK * Q0_RECORD[kind]
+        per_tile = n_in // Q0_UNIT[kind] * Q0_RECORD[kind]
         if w.size == 0 or w.size % per_tile:
             raise InvalidArgumentError(f"w: {w.size} bytes is not a whole number of {kind} tiles of {n_in} "
                                        f"inputs ({per_tile} bytes each)")

@@ -73,7 +73,8 @@ def _floats(a: int, n: int) -> np.ndarray:
 
 
 def _q0_kind(w: np.ndarray) -> str:
-    return {2176: "q8_0", 1152: "q4_0"}[w.shape[2]]
+    from gpt2asm.validate import Q0_RECORD
+    return {r: k for k, r in Q0_RECORD.items()}[w.shape[2]]
 
 
 def _matvec(m: Transformer, w: np.ndarray, x: int, b: np.ndarray | None, y: int,
