@@ -246,3 +246,394 @@ def test_cli_dtype_q8_0_is_a_clean_error(ckpt_tiny, capsys, monkeypatch):
     assert main(["--model", str(ckpt_tiny), "--dtype", "q4_0", "-n", "2", "hi"]) == 2
     err = capsys.readouterr().err
     assert "q4_0" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------------
+# q6_k: llama.cpp's Q6_K (quantize_row_q6_K_ref), the head of q4_0 models
+
+F = np.float32
+
+
+def _f32_bits(v) -> int:
+    return int(np.array(v, np.float32).view(np.uint32))
+
+
+def _ref_nearest_int(v) -> int:
+    """ggml's nearest_int: the bits of v + 12582912.0f."""
+    return (_f32_bits(F(v) + F(12582912.0)) & 0x7FFFFF) - 0x400000
+
+
+def _ref_fp32_to_fp16(f) -> int:
+    """ggml_compute_fp32_to_fp16 (ggml-impl.h), transliterated: binary16 bits."""
+    base = (F(abs(f)) * F(2.0 ** 112)) * F(2.0 ** -110)
+    w = _f32_bits(f)
+    shl1_w = (w + w) & 0xFFFFFFFF
+    sign = w & 0x80000000
+    bias = max(shl1_w & 0xFF000000, 0x71000000)
+    base = np.array((bias >> 1) + 0x07800000, np.uint32).view(np.float32)[()] + base
+    b = _f32_bits(base)
+    nonsign = ((b >> 13) & 0x7C00) + (b & 0x0FFF)
+    return ((sign >> 16) | (0x7E00 if shl1_w > 0xFF000000 else nonsign)) & 0xFFFF
+
+
+def _ref_make_qx_quants(x) -> tuple[np.float32, list[int]]:
+    """make_qx_quants(16, 32, x, L, 1, NULL), one C statement at a time on binary32 scalars."""
+    n, nmax = 16, 32
+    mx, amax = F(0), F(0)
+    for i in range(n):
+        ax = F(abs(x[i]))
+        if ax > amax:
+            amax, mx = ax, x[i]
+    if amax < F(1e-15):
+        return F(0), [0] * n
+    iscale = F(-nmax) / mx
+    L = [0] * n
+    sumlx = suml2 = F(0)
+    for i in range(n):
+        l = max(-nmax, min(nmax - 1, _ref_nearest_int(iscale * x[i])))
+        L[i] = l + nmax
+        w = x[i] * x[i]
+        sumlx = sumlx + w * x[i] * F(l)
+        suml2 = suml2 + w * F(l) * F(l)
+    scale = sumlx / suml2 if suml2 else F(0)
+    best = scale * sumlx
+    for is_ in range(-9, 10):
+        if is_ == 0:
+            continue
+        iscale = -(F(nmax) + F(0.1) * F(is_)) / mx
+        sumlx = suml2 = F(0)
+        for i in range(n):
+            l = max(-nmax, min(nmax - 1, _ref_nearest_int(iscale * x[i])))
+            w = x[i] * x[i]
+            sumlx = sumlx + w * x[i] * F(l)
+            suml2 = suml2 + w * F(l) * F(l)
+        if suml2 > 0 and sumlx * sumlx > best * suml2:
+            L = [nmax + max(-nmax, min(nmax - 1, _ref_nearest_int(iscale * x[i]))) for i in range(n)]
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale, L
+
+
+def _ref_q6k_block(x) -> tuple[list[int], list[int], int]:
+    """quantize_row_q6_K_ref of one super-block of 256 binary32 -> (q = L - 32, sc, d's binary16 bits)."""
+    x = [F(v) for v in x]
+    with np.errstate(all="ignore"):
+        L, scales = [], []
+        for ib in range(16):
+            s, Lb = _ref_make_qx_quants(x[16 * ib:16 * ib + 16])
+            scales.append(s)
+            L += Lb
+        max_scale = max_abs = F(0)
+        for s in scales:
+            if F(abs(s)) > max_abs:
+                max_abs, max_scale = F(abs(s)), s
+        if max_abs < F(1e-15):
+            return [-32] * 256, [0] * 16, 0
+        iscale = F(-128.0) / max_scale
+        dbits = _ref_fp32_to_fp16(F(1) / iscale)
+        sc = [(min(127, _ref_nearest_int(iscale * s)) + 128) % 256 - 128 for s in scales]
+        dh = F(np.array(dbits, np.uint16).view(np.float16)[()])
+        for j in range(16):
+            d = dh * F(sc[j])
+            if not d:
+                continue
+            for ii in range(16):
+                L[16 * j + ii] = max(-32, min(31, _ref_nearest_int(x[16 * j + ii] / d))) + 32
+    return [v - 32 for v in L], sc, dbits
+
+
+def _adversarial_subblocks(rng, n_super: int) -> np.ndarray:
+    """[n_super][256] float32: super-blocks of 16 sub-blocks of assorted hard kinds."""
+    out = np.zeros((n_super * 16, 16), np.float32)
+    for s in range(len(out)):
+        kind = rng.integers(14)
+        g = rng.standard_normal(16)
+        if kind == 0:
+            v = g * 10.0 ** rng.integers(-6, 4)
+        elif kind == 1:                                  # max -32: iscale 1, x on halves -> ties
+            v = rng.integers(-64, 64, 16) / 2.0; v[rng.integers(16)] = -32
+        elif kind == 2:                                  # ties with a power-of-two scale
+            v = (rng.integers(-63, 64, 16) / 2.0) * 2.0 ** rng.integers(-8, 8)
+        elif kind == 3:                                  # all zero / signed zeros
+            v = np.where(g > 0, 0.0, -0.0)
+        elif kind == 4:                                  # around GROUP_MAX_EPS
+            v = g * 1e-15
+        elif kind == 5:                                  # tiny and subnormal
+            v = g * 1e-40; v[0] = 2e-14
+        elif kind == 6:                                  # equal |max|, opposite signs
+            v = g * 0.1; v[3], v[9] = 1.5, -1.5
+            if rng.random() < 0.5:
+                v[3], v[9] = -1.5, 1.5
+        elif kind == 7:                                  # negative max, mostly positive
+            v = np.abs(g); v[rng.integers(16)] = -3 * np.abs(g).max() - 0.1
+        elif kind == 8:                                  # constant
+            v = np.full(16, g[0])
+        elif kind == 9:                                  # one huge value
+            v = g * 0.01; v[rng.integers(16)] = 1000.0 * np.sign(g[0])
+        elif kind == 10:                                 # large: sumlx*sumlx overflows binary32
+            v = g * 1e5
+        elif kind == 11:                                 # much smaller than the neighbours: sc 0, L kept
+            v = g * 1e-4
+        elif kind == 12:                                 # integers in -40..40
+            v = rng.integers(-40, 41, 16).astype(np.float64)
+        else:                                            # sparse
+            v = np.where(rng.random(16) < 0.2, g, 0.0)
+        out[s] = v
+    return out.reshape(n_super, 256)
+
+
+def test_quantize_q6k_equals_scalar_transliteration():
+    """The vectorised quantizer vs a statement-by-statement transliteration of ggml's C on binary32 scalars,
+    on 480 sub-blocks of hard kinds (ties, tiny, zero, signed zeros, mixed signs, equal |max|, overflowing
+    sums, the !d path)."""
+    rng = np.random.default_rng(6)
+    x = _adversarial_subblocks(rng, 30)
+    x[0] = 0                                             # an all-zero super-block
+    x[1, :16] *= 1e4                                     # the others' sc 0: L stays make_qx_quants'
+    w = x.reshape(6, 1280)
+    q, sc, d = Q.quantize_q6k(w)
+    assert q.dtype == np.int8 and sc.dtype == np.int8 and d.dtype == np.float16
+    assert q.shape == (6, 1280) and sc.shape == (6, 80) and d.shape == (6, 5)
+    q, sc, d = q.reshape(30, 256), sc.reshape(30, 16), d.reshape(30)
+    kept = 0
+    for b in range(30):
+        rq, rsc, rd = _ref_q6k_block(x[b])
+        assert q[b].tolist() == rq and sc[b].tolist() == rsc and int(d[b:b + 1].view(np.uint16)[0]) == rd, b
+        kept += sum(1 for j in range(16) if rsc[j] == 0 and rd and any(v != -32 for v in rq[16 * j:16 * j + 16]))
+    assert kept > 0                                      # the `if (!d) continue;` path was exercised
+
+
+def test_ref_fp16_conversion_is_nearest_even():
+    """The transliterated GGML_FP32_TO_FP16 agrees with numpy's (what quantize_q6k uses) on hard values."""
+    rng = np.random.default_rng(7)
+    v = np.concatenate([rng.standard_normal(300) * 10.0 ** rng.integers(-9, 5, 300),
+                        [0, -0.0, 6e-8, 2.98e-8, 2.9802322e-08, 65504, 65519.99, 1e-5, 6.1035156e-05]]).astype(F)
+    h = np.array([_ref_fp32_to_fp16(t) for t in v], np.uint16)
+    assert bits(h) == bits(v.astype(np.float16))
+
+
+def _wte_and_gguf_q6k():
+    """(the checkpoint's wte float32, llama-quantize's token_embd Q6_K bytes) of make llamacpp's Q4_0 GGUF of
+    models/random-124M, or skip."""
+    import llamacpp
+    from pathlib import Path
+    model = Path(__file__).resolve().parent.parent / "models" / "random-124M"
+    g = llamacpp.converted(model, "Q4_0") if (model / "model.safetensors").is_file() else None
+    if g is None:
+        pytest.skip("no Q4_0 GGUF of models/random-124M (make llamacpp builds it; LLAMACPP_DIR names the cache)")
+    from safetensors import safe_open
+    with safe_open(model / "model.safetensors", "np") as f:
+        key = next(k for k in f.keys() if k.split(".")[-2:] == ["wte", "weight"])
+        wte = f.get_tensor(key)
+    t = next(t for t in gguf.GGUFReader(g).tensors if t.name == "token_embd.weight")
+    assert t.tensor_type == GQ.Q6_K
+    return wte, np.asarray(t.data)
+
+
+def test_quantize_q6k_equals_llama_quantize():
+    """llama-quantize's Q4_0 GGUF holds the tied token embedding / head as Q6_K: quantize_q6k of the checkpoint's
+    wte gives exactly its bytes, all 50257 rows."""
+    wte, raw = _wte_and_gguf_q6k()
+    assert wte.dtype == np.float32 and raw.shape == (wte.shape[0], wte.shape[1] // 256 * 210)
+    t0 = time.perf_counter()
+    q, sc, d = Q.quantize_q6k(wte)
+    print(f"\nquantize_q6k {wte.shape}: {time.perf_counter() - t0:.2f} s")
+    mine = Q.to_ggml_q6k(q, sc, d)
+    differ = np.nonzero((mine != raw).any(axis=1))[0]
+    assert len(differ) == 0, f"{len(differ)} rows differ, first {differ[:5].tolist()}"
+    q2, sc2, d2 = Q.from_ggml_q6k(raw, wte.shape[1])
+    assert bits(q2) == bits(q) and bits(sc2) == bits(sc) and bits(d2) == bits(d)
+    deq = Q.dequantize_q6k(q, sc, d)
+    assert bits(deq) == bits(quants.dequantize(raw, GQ.Q6_K).reshape(wte.shape).astype(np.float32))
+    assert bits(Q.quantize_tiled(wte, "q6_k")) == bits(Q.tile_q6k(q, sc, d))
+
+
+def test_ggml_q6k_bytes_round_trip_and_dequantize():
+    """from_ggml_q6k / to_ggml_q6k are lossless on any bytes; dequantize_q6k equals gguf.quants' Q6_K
+    (finite d) bit for bit; the ints decode as ggml's dequantize_row_q6_K does."""
+    rng = np.random.default_rng(8)
+    raw = rng.integers(0, 256, (37, 3 * 210), dtype=np.uint8)
+    q, sc, d = Q.from_ggml_q6k(raw, 768)
+    assert q.min() >= -32 and q.max() <= 31 and q.shape == (37, 768) and sc.shape == (37, 48) and d.shape == (37, 3)
+    assert bits(Q.to_ggml_q6k(q, sc, d)) == bits(raw)
+    # one block by hand: input 128h + 32s + l
+    blk = raw[0, :210]
+    ql, qh = blk[:128].astype(int), blk[128:192].astype(int)
+    for h in range(2):
+        for s in range(4):
+            for l in (0, 17, 31):
+                lo = ql[64 * h + l + 32 * (s & 1)]
+                lo = lo >> 4 if s >= 2 else lo & 15
+                assert q[0, 128 * h + 32 * s + l] == (lo | ((qh[32 * h + l] >> (2 * s)) & 3) << 4) - 32
+    assert bits(sc[0, :16]) == bits(blk[192:208].view(np.int8))
+    # finite scales for the dequantize comparison
+    d = (rng.standard_normal(d.shape) * 0.01).astype(np.float16)
+    d[0, 0], d[1, 1] = 0, np.float16(6e-8)
+    raw = Q.to_ggml_q6k(q, sc, d)
+    deq = Q.dequantize_q6k(q, sc, d)
+    assert deq.dtype == np.float32 and deq.ctypes.data % 64 == 0
+    assert bits(deq) == bits(quants.dequantize(raw, GQ.Q6_K).reshape(37, 768).astype(np.float32))
+    ref = (np.repeat(d.astype(F), 16, axis=1) * sc.astype(F)).repeat(16, axis=1) * q.astype(F)
+    assert bits(deq) == bits(ref.astype(F))
+
+
+@pytest.mark.parametrize("n_out", [1, 63, 64, 65, 130, 300])
+def test_tile_q6k_equals_q0ref(n_out):
+    rng = np.random.default_rng(n_out)
+    n_in = 512
+    w = (rng.standard_normal((n_out, n_in)) * 0.05).astype(np.float32)
+    q, sc, d = Q.quantize_q6k(w)
+    t = Q.tile_q6k(q, sc, d)
+    assert t.shape == Q.tiled_shape(n_out, n_in, "q6_k") == (-(-n_out // 64), 2, q0ref.SUPER6)
+    assert Q.SUPER6 == q0ref.SUPER6 == 13440 and Q.RECORD6 == q0ref.RECORD6 and Q.QK_K == q0ref.QK_K
+    assert t.dtype == np.uint8 and t.flags.c_contiguous and t.ctypes.data % 64 == 0
+    assert t[0].nbytes == Q.tile_bytes(n_in, "q6_k") == q0ref.tile_bytes_q6k(n_in)
+    assert bits(t) == bits(q0ref.tile_q6k(q, sc, d))
+    assert bits(Q.quantize_tiled(w, "q6_k")) == bits(t)
+    for got in (Q.untile_q6k(t, n_out, n_in), q0ref.untile_q6k(t, n_out, n_in)):
+        assert all(bits(a) == bits(b) for a, b in zip(got, (q, sc, d))) and got[2].dtype == np.float16
+    if n_out % 64:                                       # padding outputs: q 0, sc 0, d +0
+        pq, psc, pd = Q.untile_q6k(t, len(t) * 64, n_in)
+        assert (pq[n_out:] == 0).all() and (psc[n_out:] == 0).all() and (pd[n_out:].view(np.uint16) == 0).all()
+    xq, xd = q0ref.quantize_act(rng.standard_normal(n_in).astype(np.float32))
+    uq, usc, ud = Q.untile_q6k(t, n_out, n_in)
+    assert bits(q0ref.matvec_q6k(uq, usc, ud, xq, xd, None)) == bits(q0ref.matvec_q6k(q, sc, d, xq, xd, None))
+
+
+def test_quantize_q6k_edges():
+    rng = np.random.default_rng(9)
+    w = (rng.standard_normal((12, 256)) * 0.1).astype(np.float32)
+    w[0] = 0                                             # all-zero row: ggml's memset block
+    w[1] = -0.0
+    w[2, 100] = 3e4                                      # one huge value: the rest of the row's sc round to 0
+    w[3] = -np.abs(w[3]); w[3, ::16] = -1                # negative maxima
+    w[4] = np.abs(w[4]); w[4, 5::16] = -2                # negative max among positives
+    w[5] = (np.arange(256) % 64 - 32) / 2                # halves: ties in nearest_int
+    w[6] = 1e-16                                         # below GROUP_MAX_EPS: zero
+    w[7, :16] = 1e-30                                    # a tiny group among normal ones
+    w[8] = np.float32(65504 * 4096 * 0.9)                # near the largest d
+    w[9, 0], w[9, 1] = 5.0, -5.0                         # equal |max|, opposite signs
+    w[10, 0], w[10, 1] = -5.0, 5.0
+    q, sc, d = Q.quantize_q6k(w)
+    raw = Q.to_ggml_q6k(q, sc, d)
+    for r in (0, 1, 6):
+        assert (raw[r] == 0).all() and (q[r] == -32).all() and (sc[r] == 0).all() and (d[r].view(np.uint16) == 0).all()
+    assert sc[2, 100 // 16] == -128 and q[2, 100] in (-32, -31)
+    assert np.isfinite(d.astype(F)).all() and float(d[8, 0]) != 0
+    for b in range(12):
+        rq, rsc, rd = _ref_q6k_block(w[b])
+        assert q[b].tolist() == rq and sc[b].tolist() == rsc and int(d[b].view(np.uint16)[0]) == rd, b
+    # the dequantized head is close to the weights
+    deq = Q.dequantize_q6k(q, sc, d)
+    assert np.abs(deq[5] - w[5]).max() <= np.abs(w[5]).max() / 32
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_q6k_non_finite_weights_are_refused(bad):
+    w = np.zeros((300, 256), np.float32)
+    w[270, 40] = bad
+    for fn in (Q.quantize_q6k, lambda w: Q.quantize_tiled(w, "q6_k")):
+        with pytest.raises(InvalidArgumentError, match="output 270, input 40"):
+            fn(w)
+
+
+def test_q6k_scale_beyond_float16_is_refused():
+    w = np.zeros((300, 512), np.float32)
+    w[290, 300] = 65520.0 * 4096 * 1.1
+    for fn in (Q.quantize_q6k, lambda w: Q.quantize_tiled(w, "q6_k")):
+        with pytest.raises(InvalidArgumentError, match="output 290 .*beyond q6_k"):
+            fn(w)
+    w[290, 300] = 3e38                                   # sums overflow to inf / NaN in C
+    with pytest.raises(InvalidArgumentError, match="beyond"):
+        Q.quantize_q6k(w)
+
+
+def test_q6k_bad_arguments():
+    for shape in ((3, 128), (3, 288), (0, 256), (256,)):
+        with pytest.raises(InvalidArgumentError):
+            Q.quantize_q6k(np.zeros(shape, np.float32))
+    with pytest.raises(InvalidArgumentError):
+        Q.quantize_q6k(np.zeros((2, 256), np.int32))
+    with pytest.raises(InvalidArgumentError):
+        Q.quantize_tiled(np.zeros((2, 96), np.float32), "q6_k")
+    q, sc, d = Q.quantize_q6k(np.ones((2, 256), np.float32))
+    with pytest.raises(InvalidArgumentError):
+        Q.tile_q6k(q, sc[:, :8], d)
+    with pytest.raises(InvalidArgumentError):
+        Q.to_ggml_q6k(q.astype(np.int16), sc, d)
+    q[0, 0] = 40
+    with pytest.raises(InvalidArgumentError, match="-32..31"):
+        Q.tile_q6k(q, sc, d)
+    with pytest.raises(InvalidArgumentError):
+        Q.from_ggml_q6k(np.zeros((2, 209), np.uint8), 256)
+    with pytest.raises(InvalidArgumentError):
+        Q.from_ggml_q6k(np.zeros((2, 210), np.uint8), 288)
+    with pytest.raises(InvalidArgumentError):
+        Q.quantize(np.zeros((2, 256), np.float32), "q6_k")          # q8_0 / q4_0 only: quantize_q6k
+    with pytest.raises(InvalidArgumentError):
+        Q.tiled_shape(64, 256, "q5_0")
+
+
+def test_head_kind_and_tile_bytes():
+    """llama-quantize: a Q4_0 model's output / tied token embedding is Q6_K, Q8_0 when the row length is not a
+    multiple of 256; a Q8_0 model's is Q8_0."""
+    assert Q.head_kind("q4_0") == Q.head_kind("q4_0", 768) == "q6_k"
+    assert Q.head_kind("q4_0", 96) == Q.head_kind("q4_0", 800) == "q8_0"
+    assert Q.head_kind("q8_0") == Q.head_kind("q8_0", 768) == "q8_0"
+    with pytest.raises(InvalidArgumentError):
+        Q.head_kind("q6_k")
+    assert Q.tiled_shape(50257, 768, "q6_k") == (786, 3, 13440)
+    assert Q.tiled_shape(50257, 768, "q4_0") == (786, 24, Q.RECORD["q4_0"])
+    assert Q.tile_bytes(768, "q6_k") == 3 * 13440
+    assert Q.tile_bytes(768, "q8_0") == 24 * 2176 and Q.tile_bytes(768, "q4_0") == 24 * 1152
+    assert Q.HEAD_KIND == "q8_0"
+
+
+def test_quantize_q6k_equals_compiled_ggml(tmp_path):
+    """ggml's own quantize_row_q6_K_ref (and nearest_int, make_qx_quants, GGML_FP32_TO_FP16), cut from the
+    llama.cpp source make llamacpp extracts and compiled as ggml-base is (-O3, baseline ISA), on many rows."""
+    import ctypes
+    import glob
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+    env = os.environ.get("LLAMACPP_DIR")
+    base = Path(env) if env else Path(__file__).resolve().parent.parent / ".cache" / "llamacpp"
+    found = sorted(glob.glob(str(base / "src-*" / "ggml" / "src" / "ggml-quants.c")))
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not found or cc is None:
+        pytest.skip("no llama.cpp source (make llamacpp extracts it) or no C compiler")
+    src = Path(found[-1]).read_text()
+    impl = (Path(found[-1]).parent / "ggml-impl.h").read_text()
+
+    def cut(start: str) -> str:
+        i = src.index(start)
+        return src[i:src.index("\n}\n", i) + 3]
+    i = impl.index("static inline float fp32_from_bits")
+    j = impl.index("#define GGML_FP32_TO_FP16(x)")
+    code = ("#include <stdint.h>\n#include <string.h>\n#include <math.h>\n#include <assert.h>\n#include <stdbool.h>\n"
+            "#define GGML_RESTRICT restrict\n#define QK_K 256\n#define MIN(a, b) ((a) < (b) ? (a) : (b))\n"
+            "#define MAX(a, b) ((a) > (b) ? (a) : (b))\ntypedef uint16_t ggml_half; typedef uint16_t ggml_fp16_t;\n"
+            "typedef struct { uint8_t ql[QK_K/2]; uint8_t qh[QK_K/4]; int8_t scales[QK_K/16]; ggml_half d; } block_q6_K;\n"
+            + "\n".join(ln for ln in src.splitlines() if ln.startswith("#define GROUP_MAX_EPS ")) + "\n"
+            + impl[i:impl.index("\n", j)] + "\n" + cut("static inline int nearest_int(float fval)")
+            + cut("static float make_qx_quants(") + cut("void quantize_row_q6_K_ref("))
+    (tmp_path / "q6.c").write_text(code)
+    so = tmp_path / "libq6.so"
+    p = subprocess.run([cc, "-O3", "-DNDEBUG", "-std=gnu11", "-fPIC", "-shared", "-o", str(so),
+                        str(tmp_path / "q6.c")], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"could not compile ggml's quantizer: {p.stderr[-300:]}")
+    lib = ctypes.CDLL(str(so))
+    rng = np.random.default_rng(10)
+    for w in (_adversarial_subblocks(rng, 2000).reshape(500, 1024),
+              (rng.standard_normal((400, 768)) * 0.02).astype(np.float32),
+              (rng.integers(-80, 80, (300, 512)) / np.float32(8)).astype(np.float32)):
+        w = np.ascontiguousarray(w, np.float32)
+        ref = np.zeros((w.shape[0], w.shape[1] // 256 * 210), np.uint8)
+        lib.quantize_row_q6_K_ref(ctypes.c_void_p(w.ctypes.data), ctypes.c_void_p(ref.ctypes.data),
+                                  ctypes.c_int64(w.size))
+        mine = Q.to_ggml_q6k(*Q.quantize_q6k(w))
+        differ = np.nonzero((mine != ref).any(axis=1))[0]
+        assert len(differ) == 0, f"{len(differ)} rows differ, first {differ[:5].tolist()}"
