@@ -35,8 +35,7 @@ keeps GPT-2's output tensor (the tied token embedding when there is no output.we
 length is not a multiple of 256, then Q8_0 (src/llama-quant.cpp, llama_tensor_get_type_impl and its
 fallback) -- head_kind(kind, n_in) mirrors that; q6_k needs n_in % 256 == 0.  The embedding rows the lookup
 uses are the head's blocks dequantized as ggml does (q8_0: e[i] = float32(q[i]) * float32(d), one exactly
-rounded multiply; q6_k: dequantize_q6k).  HEAD_KIND ("q8_0") is the old fixed head kind, kept for callers
-not yet on head_kind().
+rounded multiply; q6_k: dequantize_q6k).
 
 Non-finite weights, and weights whose scale would overflow binary16 (|x| > 65504 * 127 for q8_0, 65504 * 8
 for q4_0, |d| = |max_scale| / 128 > 65504 for q6_k, about |x| > 65504 * 4096), are refused
@@ -68,7 +67,6 @@ TILE = 64                                 # outputs per tile
 KINDS = ("q8_0", "q4_0")
 RECORD = {"q8_0": 2176, "q4_0": 1152}     # bytes per (tile, block) record: 128 bytes of scales + the ints
 BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}   # ggml's block_q8_0 / block_q4_0
-HEAD_KIND = "q8_0"                        # deprecated: the head kind of q8_0 models; use head_kind()
 QK_K = 256                                # q6_k: inputs per super-block (one binary16 d, 16 int8 sub-scales)
 RECORD6 = 1664                            # q6_k bytes per (tile, block of 32): 128 of sub-scales, 1024 + 512 of u
 SUPER6 = 128 + 8 * RECORD6                # q6_k bytes per (tile, super-block): 64 binary16 d, 8 records (13440)
@@ -79,10 +77,11 @@ _GROUP_MAX_EPS = np.float32(1e-15)        # ggml-quants.c GROUP_MAX_EPS: smaller
 _MAGIC = np.float32(12582912.0)           # nearest_int's 1.5 * 2^23
 _ROWS = 256                               # rows quantized per step (a multiple of TILE)
 
-__all__ = ["QK", "TILE", "KINDS", "RECORD", "BLOCK_BYTES", "HEAD_KIND", "QK_K", "RECORD6", "SUPER6",
+__all__ = ["QK", "TILE", "KINDS", "RECORD", "BLOCK_BYTES", "QK_K", "RECORD6", "SUPER6",
            "BLOCK_BYTES_Q6K", "TILED_KINDS", "quantize", "quantize_tiled", "tile", "untile", "dequantize",
            "from_ggml", "to_ggml", "n_tiles", "tiled_shape", "tile_bytes", "head_kind", "quantize_q6k",
-           "dequantize_q6k", "from_ggml_q6k", "to_ggml_q6k", "tile_q6k", "untile_q6k"]
+           "dequantize_q6k", "from_ggml_q6k", "to_ggml_q6k", "tile_q6k", "untile_q6k", "row_bytes",
+           "tile_blocks", "dequantize_blocks"]
 
 
 def float_matrix(w, what: str) -> np.ndarray:
@@ -176,9 +175,11 @@ def _quantize_rows(blk: np.ndarray, kind: str, what: str) -> tuple[np.ndarray, n
     return q.astype(np.int8).reshape(m, nb * QK), d[..., 0].astype(np.float16)
 
 
-def quantize(w_out_in, kind: str, what: str = "quantize") -> tuple[np.ndarray, np.ndarray]:
+def quantize(w_out_in, kind: str, what: str = "quantize") -> tuple[np.ndarray, ...]:
     """W [n_out][n_in] (float16/float32; n_in % 32 == 0) -> (q int8 [n_out][n_in], d float16 [n_out][nb]),
-    the ints and scales of ggml's reference quantizer of `kind`."""
+    the ints and scales of ggml's reference quantizer of `kind`; q6_k: quantize_q6k's (q, sc, d)."""
+    if kind == "q6_k":
+        return quantize_q6k(w_out_in, what)
     _check_kind(kind)
     w = _as_matrix(w_out_in, what)
     n_out, n_in = w.shape
@@ -291,9 +292,12 @@ def dequantize(q: np.ndarray, d: np.ndarray, out: np.ndarray | None = None) -> n
     return out
 
 
-def from_ggml(raw: np.ndarray, kind: str, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+def from_ggml(raw: np.ndarray, kind: str, n_in: int) -> tuple[np.ndarray, ...]:
     """GGUF tensor bytes uint8 [n_out][n_in/32 * BLOCK_BYTES] (ggml blocks: binary16 d, then 32 int8 (q8_0) or
-    16 bytes of nibbles, byte j = element j | element j + 16 << 4, offset 8 (q4_0)) -> (q int8, d float16)."""
+    16 bytes of nibbles, byte j = element j | element j + 16 << 4, offset 8 (q4_0)) -> (q int8, d float16);
+    q6_k: from_ggml_q6k's (q, sc, d)."""
+    if kind == "q6_k":
+        return from_ggml_q6k(raw, n_in)
     _check_kind(kind)
     nb = n_in // QK
     raw = np.asarray(raw, dtype=np.uint8)
@@ -572,3 +576,23 @@ def untile_q6k(w: np.ndarray, n_out: int, n_in: int) -> tuple[np.ndarray, np.nda
     U = (lo | (hi << np.uint8(4))).view(np.int8) - np.int8(32)
     q = U.reshape(nt, nb, 8, TILE, 4).transpose(0, 3, 1, 2, 4).reshape(nt * TILE, n_in)
     return q[:n_out].copy(), sc[:n_out].copy(), d[:n_out].astype(np.float16)
+
+
+# ---- one interface over the kinds (the loaders: blocks = (q, d), or (q, sc, d) for q6_k) ----
+
+def row_bytes(n_in: int, kind: str) -> int:
+    """Bytes of one row of n_in inputs in ggml's blocks of `kind` (as a GGUF stores them)."""
+    if kind == "q6_k":
+        return n_in // QK_K * BLOCK_BYTES_Q6K
+    _check_kind(kind)
+    return n_in // QK * BLOCK_BYTES[kind]
+
+
+def tile_blocks(blocks: tuple, kind: str) -> np.ndarray:
+    """quantize()'s / from_ggml()'s blocks of `kind` -> the kernels' records (tile / tile_q6k)."""
+    return tile_q6k(*blocks) if kind == "q6_k" else tile(*blocks, kind)
+
+
+def dequantize_blocks(blocks: tuple, kind: str) -> np.ndarray:
+    """The blocks of `kind` dequantized as ggml does: float32 [n_out][n_in] (dequantize / dequantize_q6k)."""
+    return dequantize_q6k(*blocks) if kind == "q6_k" else dequantize(*blocks)

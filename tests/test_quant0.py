@@ -569,7 +569,10 @@ def test_q6k_bad_arguments():
     with pytest.raises(InvalidArgumentError):
         Q.from_ggml_q6k(np.zeros((2, 210), np.uint8), 288)
     with pytest.raises(InvalidArgumentError):
-        Q.quantize(np.zeros((2, 256), np.float32), "q6_k")          # q8_0 / q4_0 only: quantize_q6k
+        Q.quantize(np.zeros((2, 288), np.float32), "q6_k")          # quantize routes q6_k to quantize_q6k
+    z = Q.quantize(np.zeros((2, 256), np.float32), "q6_k")
+    assert len(z) == 3 and Q.tile_blocks(z, "q6_k").shape == (1, 1, Q.SUPER6)
+    assert not Q.dequantize_blocks(z, "q6_k").any()
     with pytest.raises(InvalidArgumentError):
         Q.tiled_shape(64, 256, "q5_0")
 
@@ -586,7 +589,7 @@ def test_head_kind_and_tile_bytes():
     assert Q.tiled_shape(50257, 768, "q4_0") == (786, 24, Q.RECORD["q4_0"])
     assert Q.tile_bytes(768, "q6_k") == 3 * 13440
     assert Q.tile_bytes(768, "q8_0") == 24 * 2176 and Q.tile_bytes(768, "q4_0") == 24 * 1152
-    assert Q.HEAD_KIND == "q8_0"
+    assert Q.row_bytes(768, "q6_k") == 3 * 210 and Q.row_bytes(768, "q8_0") == 24 * 34
 
 
 def test_quantize_q6k_equals_compiled_ggml(tmp_path):
