@@ -63,8 +63,8 @@ clean:
 # sme2 kernels test_kernels_q0_sme2 / test_prefill / test_fingerprint check at every SVL).  ARM64_CPUS: names of tools/arm64/run_tests.py's
 # CPUS or NAME:QEMU-CPU; ARM64_JOBS configurations run in parallel.
 ARM64_TESTS      ?= tests/test_arm_smoke.py tests/test_plan_abi.py tests/test_kernels_sme2.py tests/test_kernels_q0_sme2.py tests/test_fingerprint.py tests/test_prefill.py
-ARM64_TESTS_ONCE ?= tests/test_kernels_neon.py tests/test_plan.py tests/test_kernels_q0_arm.py tests/test_q0_model.py \
-                    tests/test_batch_plan.py tests/test_batch.py
+ARM64_TESTS_ONCE ?= tests/test_kernels_neon.py tests/test_plan.py tests/test_kernels_q0_arm.py tests/test_kernels_q6k_arm.py \
+                    tests/test_q0_model.py tests/test_batch_plan.py tests/test_batch.py
 ARM64_CPUS       ?= sme512 sme256 sme128 nosme
 ARM64_JOBS       ?= 2
 .PHONY: arm64-lib macos-lib test-arm64

@@ -115,7 +115,7 @@ EXTRA_OPS = {
     "aarch64": {"neon": ("matmul_f32", "matmul_f16", "attention_f16", "plan_run", "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "plan_run", "plan_step", "worker")},
 }
-# the q8_0 / q4_0 integer kernels (docs/kernels.md "q8_0 / q4_0"): per family, op -> its ISA variants, each exported as
+# the q8_0 / q4_0 / q6_k integer kernels (docs/kernels.md "q8_0 / q4_0", "q6_k"): per family, op -> its ISA variants, each exported as
 # gpt2asm_<op>_<variant> (Python picks the best variant the CPU has: gpt2asm.kernels.q0_variant on x86, gpt2asm.cpu.q0_isa on Arm).
 # check_exports requires every variant of a family like its FAMILY_OPS.
 VARIANT_OPS = {
@@ -126,8 +126,11 @@ VARIANT_OPS = {
                           **{f"matmul_{k}": ("avx512", "avx512vnni") for k in ("q8_0", "q4_0")}}},
     "aarch64": {"neon": {"quantize_q8_0": ("neon",), "matvec_q8_0": ("neon", "dotprod"),
                          "matvec_q4_0": ("neon", "dotprod"), "matmul_q8_0": ("neon", "dotprod", "i8mm"),
-                         "matmul_q4_0": ("neon", "dotprod", "i8mm")},
-                "sme2": {op: ("sme2",) for op in ("matvec_q8_0", "matvec_q4_0", "matmul_q8_0", "matmul_q4_0")}},
+                         "matmul_q4_0": ("neon", "dotprod", "i8mm"),
+                         "matvec_q6_k": ("neon",), "matmul_q6_k": ("neon",)},
+                # the q6_k head: the sme2 family calls neon's kernels (outside streaming mode)
+                "sme2": {**{op: ("sme2",) for op in ("matvec_q8_0", "matvec_q4_0", "matmul_q8_0", "matmul_q4_0")},
+                         "matvec_q6_k": ("neon",), "matmul_q6_k": ("neon",)}},
 }
 
 
