@@ -13,8 +13,9 @@ What the converter writes, and so this tool:
     (older converters wrote a copy of token_embd.weight as output.weight: --output);
   - types: 1-D tensors, position_embd and biases F32; the other 2-D weights F32 / F16 / Q8_0 (--type), by
     gguf.quants (ggml's reference quantizers).  --type Q4_0 (llama-quantize's job, not the converter's):
-    the block matrices Q4_0, token_embd / output Q8_0 (llama-quantize would give the head Q6_K, which
-    gguf.quants cannot write; gpt2asm runs it as Q8_0 anyway);
+    the block matrices Q4_0, token_embd / output Q6_K as llama-quantize gives them (Q8_0 when the row length
+    is not a multiple of 256), by gpt2asm.quant0.quantize_q6k (ggml's quantize_row_q6_K_ref, which
+    gguf.quants lacks: the same bytes as llama-quantize's);
   - metadata: general.architecture gpt2, gpt2.block_count, context_length, embedding_length,
     feed_forward_length, attention.head_count, attention.layer_norm_epsilon, general.file_type; the
     tokenizer (when vocab.json / merges.txt are beside the checkpoint): tokenizer.ggml.model gpt2, pre
@@ -67,7 +68,7 @@ def tensor_type(name: str, a: np.ndarray, ftype: str) -> str:
     if a.ndim <= 1 or name == "position_embd.weight" or not name.endswith(".weight"):
         return "F32"
     if ftype == "Q4_0" and name in ("token_embd.weight", "output.weight"):
-        return "Q8_0"
+        return "Q6_K" if a.shape[-1] % 256 == 0 else "Q8_0"
     return ftype
 
 
@@ -116,6 +117,10 @@ def write_gguf(model_dir, out, ftype: str = "F32", *, output: bool = False, toke
                 w.add_tensor(name, np.ascontiguousarray(a, np.float32))
             elif typ == "F16":
                 w.add_tensor(name, np.ascontiguousarray(a, np.float16))
+            elif typ == "Q6_K":
+                from gpt2asm import quant0
+                raw = quant0.to_ggml_q6k(*quant0.quantize_q6k(np.asarray(a, np.float32)))
+                w.add_tensor(name, raw, raw_dtype=Q.Q6_K)
             else:
                 qt = Q[typ]
                 w.add_tensor(name, gguf.quants.quantize(np.asarray(a, np.float32), qt), raw_dtype=qt)
