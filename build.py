@@ -120,10 +120,12 @@ EXTRA_OPS = {
 # check_exports requires every variant of a family like its FAMILY_OPS.
 VARIANT_OPS = {
     "x86_64": {"avx2": {"quantize_q8_0": ("avx2",),
-                        **{f"{op}_{k}": ("avx2", "avxvnni") for op in ("matvec", "matmul") for k in ("q8_0", "q4_0")}},
+                        **{f"{op}_{k}": ("avx2", "avxvnni") for op in ("matvec", "matmul") for k in ("q8_0", "q4_0")},
+                        "matvec_q6_k": ("avx2",), "matmul_q6_k": ("avx2",)},
                "avx512": {"quantize_q8_0": ("avx512",),
                           **{f"matvec_{k}": ("avx512", "avx512vnni", "avx512vnni_zen4") for k in ("q8_0", "q4_0")},
-                          **{f"matmul_{k}": ("avx512", "avx512vnni") for k in ("q8_0", "q4_0")}}},
+                          **{f"matmul_{k}": ("avx512", "avx512vnni") for k in ("q8_0", "q4_0")},
+                          "matvec_q6_k": ("avx512vnni",), "matmul_q6_k": ("avx512vnni",)}},
     "aarch64": {"neon": {"quantize_q8_0": ("neon",), "matvec_q8_0": ("neon", "dotprod"),
                          "matvec_q4_0": ("neon", "dotprod"), "matmul_q8_0": ("neon", "dotprod", "i8mm"),
                          "matmul_q4_0": ("neon", "dotprod", "i8mm"),

@@ -36,9 +36,12 @@
 #ifndef MQ_PANEL
 #  define MQ_PANEL 131072                       /* bytes of stack for the activation panel (at least one token block) */
 #endif
-        .set    MQ_PB, 40 * MQ_TB               // bytes of a panel block
+        .set    MQ_PB, 40 * MQ_TB               // bytes of a panel block (q6_k: 48 * TB, set by mm_q0)
         .set    MQ_XD, 32 * MQ_TB               // offset of xd in a panel block
-        .set    MQ_CO, 36 * MQ_TB               // offset of the corrections
+        .set    MQ_CO, 36 * MQ_TB               // offset of the corrections (q6_k: -32 * sum(xq) of inputs 0-15)
+        .set    MQ_C1, 40 * MQ_TB               // q6_k: -32 * sum(xq) of inputs 16-31
+        .set    MQ_CW, 44 * MQ_TB               // q6_k: the int16 pair (-sum(xq) of 0-15, -sum(xq) of 16-31)
+        .set    MQ_Q6, 0                        // q6_k: set by mm_q0 for its expansion
 
         /* frame slots below rbp (after the 6 pushes: rbp, rbx, r12-r15) */
         .set    F_W, -56                        // w + tile_begin tiles
@@ -66,6 +69,8 @@
         .set    F_SUB, -232                     // sub-tile counter
         .set    F_PF, -240                      // 1: this token block prefetches the next tile
         .set    F_SIZE, 256
+        .set    MQ_SCR, 24                      // q6_k: 512 bytes of scratch at MQ_SCR(%rsp) in the block loop
+                                                // (64-byte aligned, just above the 3 pushes)
 
 #ifndef MQ_PFW
 #  define MQ_PFW (MQ_NSW * MQ_VL < 256)         /* whether wide passes prefetch: not a whole-record pass */
@@ -83,10 +88,13 @@
            a wide pass of 1-2 tokens).  \pf: each record step also prefetches (prefetcht1, into L2) the
            next \ppr lines of the next tile (r10 from F_WT + F_TREC on), so that the passes cover it */
         .macro  mq_tokens mt, rec, nsub, ns, pf
-        .set    MQ_PPR\@, (\rec * \ns + 64 * \nsub - 1) / (64 * \nsub)   // lines per record step
+        .set    MQ_PPR\@, (MQ_TREC * \ns + 64 * \nsub - 1) / (64 * \nsub)   // lines per record step
         movq    $\nsub/\ns, F_SUB(%rbp)
         movq    F_WT(%rbp), %rdi
         movq    F_WT(%rbp), %r12
+        .if MQ_Q6
+        movq    F_WT(%rbp), %r9                 // q6_k: the super-record's d's + VL/2 * j (r12: its sc + VL/4 * j)
+        .endif
         movq    F_YT(%rbp), %r13
         movq    F_BT(%rbp), %r15
         .if \pf
@@ -101,6 +109,9 @@
         jz      3f
         pushq   %rdi
         pushq   %r12
+        .if MQ_Q6
+        pushq   %r9
+        .endif
 2:
         mq_blk  \mt, \ns
         .if \pf
@@ -116,6 +127,9 @@
         addq    $MQ_PB, %rax
         decq    %r11
         jnz     2b
+        .if MQ_Q6
+        popq    %r9
+        .endif
         popq    %r12
         popq    %rdi
 3:
@@ -124,7 +138,12 @@
         mq_store \mt, \ns
         popq    %r13
         addq    $MQ_VL*\ns, %rdi
+        .if MQ_Q6
+        addq    $MQ_VL/4*\ns, %r12
+        addq    $MQ_VL/2*\ns, %r9
+        .else
         addq    $MQ_VL/2*\ns, %r12
+        .endif
         addq    $MQ_VL*\ns, %r13
         testq   %r15, %r15
         jz      4f
@@ -158,8 +177,18 @@
         .endr
         .endm
 
-        /* the whole kernel */
-        .macro  mm_q0 rec, csh, nsub
+        /* the whole kernel: \rec record bytes (the block step), \csh = log2(c) of the correction; q6_k
+           (\q6 = 1, \trec = 1680): a tile is nb * \trec bytes (super-record headers included: the block
+           macro steps rdi / r12 over a header at every 8th block and r9 to the next header after every
+           8th), the panel has 48 * TB bytes a block (the half corrections MQ_CO, MQ_C1, MQ_CW) */
+        .macro  mm_q0 rec, csh, nsub, trec=0, q6=0
+        .set    MQ_Q6, \q6
+        .if \trec
+        .set    MQ_TREC, \trec
+        .else
+        .set    MQ_TREC, \rec
+        .endif
+        .set    MQ_PB, 40 * MQ_TB + 8 * MQ_TB * \q6
         pushq   %rbp
         movq    %rsp, %rbp
         pushq   %rbx
@@ -181,7 +210,7 @@
         movq    40(%rbp), %rax
         shrq    $5, %rax
         movq    %rax, F_NB(%rbp)
-        imulq   $\rec, %rax, %rax
+        imulq   $MQ_TREC, %rax, %rax
         movq    %rax, F_TREC(%rbp)
         imulq   %r10, %rax
         addq    %rax, %rdi
@@ -223,6 +252,9 @@
         subq    %rcx, %rsp
         andq    $-64, %rsp
         movq    %rsp, F_PANEL(%rbp)
+        .if \q6
+        subq    $512, %rsp                      // the scratch (the record's sub-scales, per sub-tile)
+        .endif
         mq_consts
 .Lsc\@:                                         // a super-chunk: tokens from F_XQ / F_XD / F_Y on
         movq    F_NTBMAX(%rbp), %rax
@@ -256,12 +288,32 @@
         movl    %eax, (%rsi)
         vpxor   %ymm1, %ymm2, %ymm2             // xq + 128
         vpsadbw %ymm0, %ymm2, %ymm2
+        .if \q6
+        vextracti128 $1, %ymm2, %xmm3
+        vpshufd $0x4e, %xmm2, %xmm4
+        vpaddq  %xmm4, %xmm2, %xmm2             // sum(xq + 128) of inputs 0-15
+        vpshufd $0x4e, %xmm3, %xmm4
+        vpaddq  %xmm4, %xmm3, %xmm3             // of inputs 16-31
+        vmovd   %xmm2, %eax
+        negl    %eax
+        addl    $2048, %eax                     // -sum(xq of inputs 0-15)
+        vmovd   %xmm3, %edx
+        negl    %edx
+        addl    $2048, %edx
+        movw    %ax, MQ_CW-MQ_XD(%rsi)          // the int16 pair (|sum| <= 2048)
+        movw    %dx, MQ_CW-MQ_XD+2(%rsi)
+        shll    $5, %eax
+        shll    $5, %edx
+        movl    %eax, MQ_CO-MQ_XD(%rsi)
+        movl    %edx, MQ_C1-MQ_XD(%rsi)
+        .else
         vhfold  vpaddq, 2, 3, qw=1
         vmovd   %xmm2, %eax                     // sum(xq) + 4096
         negl    %eax
         addl    $4096, %eax
         shll    $\csh, %eax                     // -c * sum(xq)
         movl    %eax, MQ_CO-MQ_XD(%rsi)
+        .endif
         addq    $32, %r8
         addq    $4, %r9
         addq    $MQ_PB, %rdi

@@ -50,6 +50,8 @@
 #define SF      %ymm13
 #define K80     Q0_K80(%rbx)
 #define M0F     Q0_M0F(%rbx)
+#define M30     Q0_M30(%rbx)
+#define VPOR    vpor
 #include "matmul_q0_tok.h"
 
         .macro  each_tok mt, m, a=0
@@ -102,6 +104,64 @@
 #include "matmul_q0.h"
 
 /*
+ * q6_k (docs/kernels.md "gpt2asm_{matvec,matmul}_q6_k_<isa>"): per record (block b) and sub-tile of 8
+ * outputs, the sub-scales first: S_h = sc[2b+h] as int16 pairs (both words of output j's dword: vpmovsxbd,
+ * vpshufb), and SW = the pair (sc0, sc1) (vpblendw), into the scratch (MQ_SCR + 96 s); then per token
+ *     s  = 32 * vpmaddwd(SW, (-sum(xq of 0-15), -sum(xq of 16-31)))     (exact: |.| <= 2 * 128 * 2048)
+ * and per pair of groups (g, g+1) of half h, u = the 6-bit values (0..63, made once per token block: q6_u)
+ *     s += vpmaddwd(vpmaddubsw(u_g, X_g) + vpmaddubsw(u_g+1, X_g+1), S_h)
+ * (int16 pair sums <= 2 * 63 * 128 each, two of them <= 32256: no saturation), so s = sc0 * S0 + sc1 * S1
+ * exactly; then the fp32 step with d widened from the super-record's header (r9).
+ */
+        .macro  q6m_init t, i, f, a
+        vpbroadcastd MQ_CW+4*\t(%rax), %ymm14
+        vpmaddwd MQ_SCR+3*MQ_WO+64(%rsp), %ymm14, %ymm\i
+        vpslld  $5, %ymm\i, %ymm\i              // -32 * (sc0 * sum0 + sc1 * sum1)
+        .endm
+
+        .macro  q6m_tok t, i, f, a
+        vpbroadcastd 32*\t+4*MQ_G(%rax), %ymm14
+        vpmaddubsw %ymm14, %ymm12, %ymm15
+        vpbroadcastd 32*\t+4*MQ_G+4(%rax), %ymm14
+        vpmaddubsw %ymm14, %ymm13, %ymm14
+        vpaddw  %ymm14, %ymm15, %ymm15
+        vpmaddwd MQ_SCR+3*MQ_WO+32*(MQ_G/4)(%rsp), %ymm15, %ymm15    // * sc of the half
+        vpaddd  %ymm15, %ymm\i, %ymm\i
+        .endm
+
+        .macro  q6m_blk mt, ns
+        q6_hdr
+        .irp    s, 0, 1
+        .if     \s < \ns
+        .set    MQ_WO, MQ_VL*\s
+        vpmovsxbd MQ_WO/4(%r12), %ymm12
+        vpshufb Q0_DUPW(%rbx), %ymm12, %ymm12   // sc0 in both words of each dword
+        vpmovsxbd 64+MQ_WO/4(%r12), %ymm13
+        vpshufb Q0_DUPW(%rbx), %ymm13, %ymm13
+        vmovdqa %ymm12, MQ_SCR+3*MQ_WO(%rsp)
+        vmovdqa %ymm13, MQ_SCR+3*MQ_WO+32(%rsp)
+        vpblendw $0xaa, %ymm13, %ymm12, %ymm12  // (sc0, sc1)
+        vmovdqa %ymm12, MQ_SCR+3*MQ_WO+64(%rsp)
+        .endif
+        .endr
+        each_st \mt, \ns, q6m_init
+        .irp    pp, 0, 1, 2, 3
+        .irp    s, 0, 1
+        .if     \s < \ns
+        .set    MQ_WO, MQ_VL*\s
+        q6_u    2*\pp, %ymm12, %ymm15
+        q6_u    2*\pp+1, %ymm13, %ymm15
+        .set    MQ_G, 2*\pp
+        each_st \mt, \ns, q6m_tok, 0, \s
+        .endif
+        .endr
+        .endr
+        .set    MQ_WO, 0
+        flt     \mt, \ns
+        q6_next
+        .endm
+
+/*
  * void gpt2asm_matmul_q8_0_avx2(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd, size_t ldd,
  *                               const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
  *                               size_t tile_begin, size_t tile_end);
@@ -118,3 +178,54 @@
 
 /* void gpt2asm_matmul_q4_0_avxvnni(same);  AVX-VNNI. */
         mq_fn   gpt2asm_matmul_q4_0_avxvnni, q4v_blk, 1152, 3, 8
+
+/*
+ * void gpt2asm_matmul_q6_k_avx2(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd, size_t ldd,
+ *                               const float *b, float *y, size_t ldy, size_t n_tokens, size_t n_in,
+ *                               size_t tile_begin, size_t tile_end);
+ *   for every token t < n_tokens and output o of tiles tile_begin .. tile_end-1: y[t*ldy + o] = the q6_k
+ *   matvec's y[o] on xq + t*ldq, xd + t*ldd:  per block b: S_h = sum over half h of q * xq (exact),
+ *   s = sc[2b] * S0 + sc[2b+1] * S1, t = xd[b] * d[b/8], acc = fma((float)s, t, acc); y = acc + bias.
+ *   n_in % 256 == 0; the q6_k tiled super-records (13440 bytes per 256 inputs and tile), 64-byte aligned.
+ *   Any int8 xq.  AVX2 + FMA + F16C.
+ */
+        mq_fn6  gpt2asm_matmul_q6_k_avx2, q6m_blk, 8
+
+/*
+ * void gpt2asm_matvec_q6_k_avx2(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
+ *                               float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+ *   for t in tile_begin .. tile_end-1, o = 64t + j (j < 64):
+ *       acc = +0.0;  for b in 0 .. n_in/32-1:
+ *           S0 = sum_{i<16} q[o][32b+i] * xq[32b+i],  S1 = sum_{16<=i<32} ...   (exact int32)
+ *           s = sc[o][2b] * S0 + sc[o][2b+1] * S1;  t = xd[b] * d[o][b/8];  acc = fma((float)s, t, acc)
+ *       y[o] = b ? acc + b[o] : acc
+ *   w: the q6_k tiled super-records (13440 bytes per 256 inputs and tile), 64-byte aligned; n_in % 256 == 0.
+ *   Any int8 xq.  AVX2 + FMA + F16C.
+ *   This is gpt2asm_matmul_q6_k_avx2 with one token (its wide pass: 16 outputs, one 64-byte line of each
+ *   group, per pass over a tile's records): the fallback of CPUs without AVX512-VNNI.
+ */
+#ifndef GPT2ASM_MACHO
+        .protected gpt2asm_matmul_q6_k_avx2
+#endif
+function gpt2asm_matvec_q6_k_avx2
+        movq    8(%rsp), %rax                   // tile_begin
+        movq    16(%rsp), %r10                  // tile_end
+        subq    $8, %rsp                        // (rsp 16-byte aligned at the call)
+        pushq   %r10                            // tile_end
+        pushq   %rax                            // tile_begin
+        pushq   %r9                             // n_in
+        pushq   $1                              // n_tokens
+        pushq   $0                              // ldy
+        pushq   %r8                             // y
+        movq    %rcx, %r9                       // b
+        movq    %rdx, %rcx                      // xd
+        xorl    %r8d, %r8d                      // ldd
+        xorl    %edx, %edx                      // ldq
+#ifdef GPT2ASM_MACHO
+        call    _gpt2asm_matmul_q6_k_avx2
+#else
+        call    gpt2asm_matmul_q6_k_avx2
+#endif
+        addq    $56, %rsp
+        ret
+endfunc

@@ -35,7 +35,7 @@
         .endm
 
         .macro  mq_exit
-        vclear  vpxord, zmm, 16, 17, 18, 19, 20, 21, 22
+        vclear  vpxord, zmm, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
         vzeroupper
         ret
         .endm
@@ -52,6 +52,8 @@
 #define SF      %zmm20
 #define K80     Q0_K80(%rbx){1to16}
 #define M0F     Q0_M0F(%rbx){1to16}
+#define M30     Q0_M30(%rbx){1to16}
+#define VPOR    vpord
 #include "matmul_q0_tok.h"
 
         .macro  each_tok mt, m, a=0
@@ -107,6 +109,75 @@
 #include "matmul_q0.h"
 
 /*
+ * q6_k VNNI (docs/kernels.md "gpt2asm_{matvec,matmul}_q6_k_<isa>"): per record (block b) and sub-tile of
+ * 16 outputs, sc[2b] and sc[2b+1] widened to int32 (vpmovsxbd) into the scratch (MQ_SCR + 128 s); then per
+ * half h, per token: A = -32 * sum(xq of the half) (the panel), A += vpdpbusd(u_g, X_g{1to16}) over the
+ * half's 4 groups (u = the 6-bit values 0..63, made once per token block: q6_u), so A = S_h exactly;
+ * s = sc0 * A (h = 0), s += sc1 * A (h = 1) (vpmulld); then the fp32 step with d from the super-record's
+ * header (r9).  A of (sub-tile s, token t): zmm23-30 (each_st6), next to int sum zmm(i) and fp32 sum
+ * zmm(8 + i).
+ */
+        .macro  each_st6 mt, ns, m, sel=-1
+        .if \ns == 1
+        MQ_ST6(0, 0, 0, 8, 23); MQ_ST6(0, 1, 1, 9, 24); MQ_ST6(0, 2, 2, 10, 25); MQ_ST6(0, 3, 3, 11, 26)
+        MQ_ST6(0, 4, 4, 12, 27); MQ_ST6(0, 5, 5, 13, 28); MQ_ST6(0, 6, 6, 14, 29); MQ_ST6(0, 7, 7, 15, 30)
+        .elseif \ns == 2
+        MQ_ST6(0, 0, 0, 8, 23); MQ_ST6(0, 1, 1, 9, 24); MQ_ST6(0, 2, 2, 10, 25); MQ_ST6(0, 3, 3, 11, 26)
+        MQ_ST6(1, 0, 4, 12, 27); MQ_ST6(1, 1, 5, 13, 28); MQ_ST6(1, 2, 6, 14, 29); MQ_ST6(1, 3, 7, 15, 30)
+        .else
+        MQ_ST6(0, 0, 0, 8, 23); MQ_ST6(0, 1, 1, 9, 24); MQ_ST6(1, 0, 2, 10, 25); MQ_ST6(1, 1, 3, 11, 26)
+        MQ_ST6(2, 0, 4, 12, 27); MQ_ST6(2, 1, 5, 13, 28); MQ_ST6(3, 0, 6, 14, 29); MQ_ST6(3, 1, 7, 15, 30)
+        .endif
+        .endm
+
+        .macro  q6v_init0 t, i, f, a
+        vpbroadcastd MQ_CO+4*\t(%rax), %zmm\a   // -32 * sum(xq of inputs 0-15)
+        .endm
+        .macro  q6v_init1 t, i, f, a
+        vpbroadcastd MQ_C1+4*\t(%rax), %zmm\a   // of inputs 16-31
+        .endm
+        .macro  q6v_tok t, i, f, a
+        vpdpbusd 32*\t+4*MQ_G(%rax){1to16}, %zmm16, %zmm\a
+        .endm
+        .macro  q6v_fold0 t, i, f, a
+        vpmulld MQ_SCR+2*MQ_WO(%rsp), %zmm\a, %zmm\i       // s = sc0 * S0
+        .endm
+        .macro  q6v_fold1 t, i, f, a
+        vpmulld MQ_SCR+2*MQ_WO+64(%rsp), %zmm\a, %zmm\a
+        vpaddd  %zmm\a, %zmm\i, %zmm\i                     // s += sc1 * S1
+        .endm
+
+        .macro  q6v_blk mt, ns
+        q6_hdr
+        .irp    s, 0, 1, 2, 3
+        .if     \s < \ns
+        .set    MQ_WO, MQ_VL*\s
+        vpmovsxbd MQ_WO/4(%r12), %zmm19
+        vmovdqa64 %zmm19, MQ_SCR+2*MQ_WO(%rsp)
+        vpmovsxbd 64+MQ_WO/4(%r12), %zmm19
+        vmovdqa64 %zmm19, MQ_SCR+2*MQ_WO+64(%rsp)
+        .endif
+        .endr
+        .irp    h, 0, 1
+        each_st6 \mt, \ns, q6v_init\h
+        .irp    g4, 0, 1, 2, 3
+        .irp    s, 0, 1, 2, 3
+        .if     \s < \ns
+        .set    MQ_WO, MQ_VL*\s
+        q6_u    4*\h+\g4, %zmm16, %zmm19
+        .set    MQ_G, 4*\h+\g4
+        each_st6 \mt, \ns, q6v_tok, \s
+        .endif
+        .endr
+        .endr
+        each_st6 \mt, \ns, q6v_fold\h
+        .endr
+        .set    MQ_WO, 0
+        flt     \mt, \ns
+        q6_next
+        .endm
+
+/*
  * void gpt2asm_matmul_q8_0_avx512(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
  *                                 size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,
  *                                 size_t n_in, size_t tile_begin, size_t tile_end);
@@ -122,3 +193,12 @@
 
 /* void gpt2asm_matmul_q4_0_avx512vnni(same);  AVX512F + BW + VNNI. */
         mq_fn   gpt2asm_matmul_q4_0_avx512vnni, q4v_blk, 1152, 3, 4
+
+/*
+ * void gpt2asm_matmul_q6_k_avx512vnni(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
+ *                                     size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,
+ *                                     size_t n_in, size_t tile_begin, size_t tile_end);
+ *   as gpt2asm_matmul_q6_k_avx2 (the same bits: per block S_h exact, s = sc0 * S0 + sc1 * S1,
+ *   t = xd[b] * d[b/8], acc = fma((float)s, t, acc); y = acc + bias).  Any int8 xq.  AVX512F + BW + VNNI.
+ */
+        mq_fn6  gpt2asm_matmul_q6_k_avx512vnni, q6v_blk, 4

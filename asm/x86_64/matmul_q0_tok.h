@@ -26,8 +26,11 @@
 /* each_st's (sub-tile s, token t) of a wide pass (1-2 tokens, MQ_NSW sub-tiles): int sum register i,
    fp32 sum register f; MQ_WO = the sub-tile's byte offset in a group (its scales at MQ_WO / 2) */
 #define MQ_ST(s, t, i, f) .if \ns > s && \mt > t && (\sel < 0 || \sel == s); .set MQ_WO, MQ_VL*s; \m t, i, f, \a; .endif
+/* the same with a second int register a2 for (s, t) (q6_k VNNI: the half's sum), passed as \m's 4th argument */
+#define MQ_ST6(s, t, i, f, a2) .if \ns > s && \mt > t && (\sel < 0 || \sel == s); .set MQ_WO, MQ_VL*s; \m t, i, f, a2; .endif
 
         .set    MQ_WO, 0
+        .set    MQ_G, 0
 
         .macro  zero_f t, i, f, a
         VPXOR   %VZ\f, %VZ\f, %VZ\f
@@ -92,7 +95,11 @@
         .irp    s, 0, 1, 2, 3
         .if     \s < \ns
         .set    MQ_WO, MQ_VL*\s
+        .if MQ_Q6
+        vcvtph2ps MQ_WO/2(%r9), W0              // q6_k: the super-record's d's
+        .else
         vcvtph2ps MQ_WO/2(%r12), W0
+        .endif
         each_st \mt, \ns, flt_tok, 0, \s
         .endif
         .endr
@@ -164,6 +171,59 @@
         .endm
 function \name
         mm_q0   \rec, \csh, \nsub
+endfunc
+        .purgem mq_blk
+        .endm
+
+        /* ---- q6_k (docs/kernels.md "q6_k"): records inside super-records ---- */
+
+        /* at a super-record's first block (r11 = blocks left, nb % 8 == 0) rdi / r12 step over its
+           128-byte header (the 64 d's, read through r9 by the fp32 step) */
+        .macro  q6_hdr
+        testb   $7, %r11b
+        jnz     .Lq6h\@
+        addq    $128, %rdi
+        addq    $128, %r12
+.Lq6h\@:
+        .endm
+
+        /* after a super-record's last block: r9 to the next one's d's */
+        .macro  q6_next
+        leal    -1(%r11), %ecx
+        testb   $7, %cl
+        jnz     .Lq6n\@
+        addq    $13440, %r9
+.Lq6n\@:
+        .endm
+
+        /* \reg = u of group \g (0..63) for the sub-tile at MQ_WO: the low 4 bits from P (group g % 4: low
+           nibbles for g < 4, high for g >= 4), 16 * the high 2 bits from H (group g % 2, bits 2 * (g / 2));
+           \tmp: a temporary */
+        .macro  q6_u g, reg, tmp
+        VMOVA   128+256*((\g)%4)+MQ_WO(%rdi), \reg
+        .if (\g) >= 4
+        vpsrlw  $4, \reg, \reg
+        .endif
+        VPAND   M0F, \reg, \reg
+        VMOVA   1152+256*((\g)%2)+MQ_WO(%rdi), \tmp
+        .if (\g) / 2 == 0
+        vpsllw  $4, \tmp, \tmp
+        .elseif (\g) / 2 == 1
+        vpsllw  $2, \tmp, \tmp
+        .elseif (\g) / 2 == 3
+        vpsrlw  $2, \tmp, \tmp
+        .endif
+        VPAND   M30, \tmp, \tmp
+        VPOR    \tmp, \reg, \reg
+        .endm
+
+        /* the kernel \name over a q6_k block macro: mm_q0 with 1664-byte blocks, 1680 tile bytes a block */
+        .macro  mq_fn6 name, blk, nsub
+        .macro  mq_blk mt, ns
+        \blk    \mt, \ns
+        .endm
+function \name
+        mm_q0   1664, 5, \nsub, 1680, 1
 endfunc
         .purgem mq_blk
         .endm

@@ -23,8 +23,16 @@
 #ifndef GPT2ASM_X86_MATVEC_Q0_H
 #define GPT2ASM_X86_MATVEC_Q0_H
 
-        /* the whole kernel: \rec record bytes, \csh = log2(c) of the correction (0: none) */
-        .macro  mv_q0 rec, csh, blk
+        /* the whole kernel: \rec record bytes (the block step), \csh = log2(c) of the correction (0: none);
+           q6_k (\trec = 1680, \halves = 1): a tile is nb * \trec bytes (its super-records' headers
+           included: the block macro widens the d's and steps rdi over a header at every 8th block), and
+           the table has two entries per block, -c * sum(xq) over each half of 16 inputs, at 8b and 8b + 4 */
+        .macro  mv_q0 rec, csh, blk, trec=0, halves=0
+        .if \trec
+        .set    MV_TREC\@, \trec
+        .else
+        .set    MV_TREC\@, \rec
+        .endif
         movq    8(%rsp), %r10                   // tile_begin
         movq    16(%rsp), %rax                  // tile_end
         pushq   %rbp
@@ -42,7 +50,7 @@
         addq    %r11, %rcx
 1:
         imulq   %r9, %r10
-        imulq   $\rec, %r10, %r10
+        imulq   $MV_TREC\@, %r10, %r10
         addq    %r10, %rdi                      // w += tile_begin * nb records
         movq    %rax, %r10
         q0_consts
@@ -51,9 +59,9 @@
         andq    $-64, %rsp
         .endif
         .if \csh
-        leaq    63(,%r9,4), %rax
+        leaq    63(,%r9,4*(1+\halves)), %rax
         andq    $-64, %rax
-        subq    %rax, %rsp                      // the table: nb int32, 64-byte aligned
+        subq    %rax, %rsp                      // the table: nb int32 (halves: 2 nb), 64-byte aligned
         andq    $-64, %rsp
         vpbroadcastd Q0_K80(%rbx), %ymm1
         vpxor   %xmm0, %xmm0, %xmm0
@@ -64,12 +72,30 @@
         jae     3f
         vpxor   (%rax), %ymm1, %ymm2            // xq + 128 (unsigned)
         vpsadbw %ymm0, %ymm2, %ymm2             // 4 qwords: sums of 8
+        .if \halves
+        vextracti128 $1, %ymm2, %xmm3
+        vpshufd $0x4e, %xmm2, %xmm4
+        vpaddq  %xmm4, %xmm2, %xmm2             // sum(xq + 128) of inputs 0-15
+        vpshufd $0x4e, %xmm3, %xmm4
+        vpaddq  %xmm4, %xmm3, %xmm3             // of inputs 16-31
+        vmovd   %xmm2, %r12d
+        negl    %r12d
+        addl    $2048, %r12d                    // -sum(xq of the half)
+        shll    $\csh, %r12d
+        movl    %r12d, (%rsp,%r11,8)
+        vmovd   %xmm3, %r12d
+        negl    %r12d
+        addl    $2048, %r12d
+        shll    $\csh, %r12d
+        movl    %r12d, 4(%rsp,%r11,8)
+        .else
         vhfold  vpaddq, 2, 3, qw=1
         vmovd   %xmm2, %r12d                    // sum(xq) + 4096
         negl    %r12d
         addl    $4096, %r12d                    // -sum(xq)
         shll    $\csh, %r12d                    // -c * sum(xq)
         movl    %r12d, (%rsp,%r11,4)
+        .endif
         addq    $32, %rax
         incq    %r11
         jmp     2b
@@ -78,7 +104,7 @@
         .if Q0_SPILL
         movq    %rsp, %r12                      // r12 = the spilled sums (above the table)
         .if \csh
-        leaq    63(,%r9,4), %rax
+        leaq    63(,%r9,4*(1+\halves)), %rax
         andq    $-64, %rax
         addq    %rax, %r12
         .endif

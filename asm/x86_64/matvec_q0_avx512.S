@@ -29,6 +29,7 @@
 
         q0_const q0_mv_avx512, 64
         .set    Q0_SPILL, 0                     // the fp32 sums all in registers
+        .set    Q0_HI, 0                        // q0_exit: zmm20-29 used too (q6_k)
 
         /* nops after each 64-byte line's ops, per kernel (the throttle: see above).  The VNNI kernels come
          * in two tunings with the same code otherwise: gpt2asm_matvec_*_avx512vnni without nops (Zen 5:
@@ -73,6 +74,9 @@
 
         .macro  q0_exit
         vclear  vpxord, zmm, 16, 17, 18, 19     // vzeroupper leaves zmm16-31 as they are
+        .if Q0_HI
+        vclear  vpxord, zmm, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29   // (q6_k's)
+        .endif
         vzeroupper
         ret
         .endm
@@ -264,4 +268,116 @@ endfunc
 /* void gpt2asm_matvec_q4_0_avx512vnni_zen4(same): the same code with the Zen 4 throttle. */
 function gpt2asm_matvec_q4_0_avx512vnni_zen4
         mv_q0   1152, 3, q4v_blk_zen4
+endfunc
+
+/*
+ * q6_k (docs/kernels.md "gpt2asm_{matvec,matmul}_q6_k_<isa>"; numpy model tests/q0ref.py matvec_q6k): the
+ * tile's super-records stream front to back.  At a super-record's start its 64 d's are widened (zmm16-19)
+ * and rdi steps over the 128-byte header; then per record (block b, 1664 bytes), in address order:
+ *   sc lines   zmm20-23 = sc[2b] of outputs 16j.. (vpmovsxbd), zmm24-27 = sc[2b+1]
+ *   P lines    (group g < 4, outputs 16j..): lo = P & 15 (group g), (P >> 4) & 15 (group g + 4):
+ *              A0[j] += vpdpbusd(lo_g, X_g{1to16}), A1[j] += vpdpbusd(lo_g+4, X_g+4{1to16})
+ *   H lines    (g' = 0, 1): 16 * hi of groups g', g'+2, g'+4, g'+6 = (H << 4, H << 2, H, H >> 2) & 0x30
+ *              (vpsllw / vpsrlw, vpandd): dotted into A0[j] (g', g'+2) and A1[j] (g'+4, g'+6)
+ * so A_h[j] = sum over half h of (lo + 16 hi) * xq = sum u * xq, starting from -32 * sum(xq of half h)
+ * (the driver's table): A_h = S_h exactly.  Then s = sc0 * A0 + sc1 * A1 (vpmulld, vpaddd; exact,
+ * |s| < 2^24), t = xd[b] * d (xd first), acc = fma((float)s, t, acc) — the contract's sequence.
+ * Registers: zmm0-3 fp32 sums, zmm4-7 A0, zmm8-11 A1, zmm12 0x0f bytes, zmm13 0x30 bytes, zmm14-15
+ * temps, zmm16-19 d, zmm20-27 sc, zmm28 the line; the table at rsp (8 bytes a block).
+ */
+        .macro  q6p_line off, j, k, g
+        vmovdqa64 \off(%rdi), %zmm28
+        vpandd  %zmm12, %zmm28, %zmm14          // u low bits, group g
+        vpsrlw  $4, %zmm28, %zmm15
+        vpandd  %zmm12, %zmm15, %zmm15          // group g + 4
+        vpdpbusd 4*\g(%rax){1to16}, %zmm14, %zmm\j
+        vpdpbusd 4*\g+16(%rax){1to16}, %zmm15, %zmm\k
+        .endm
+
+        .macro  q6h_line off, j, k, g
+        vmovdqa64 \off(%rdi), %zmm28
+        vpsllw  $4, %zmm28, %zmm14
+        vpandd  %zmm13, %zmm14, %zmm14          // 16 * hi, group g
+        vpdpbusd 4*\g(%rax){1to16}, %zmm14, %zmm\j
+        vpsllw  $2, %zmm28, %zmm15
+        vpandd  %zmm13, %zmm15, %zmm15          // group g + 2
+        vpdpbusd 4*\g+8(%rax){1to16}, %zmm15, %zmm\j
+        vpandd  %zmm13, %zmm28, %zmm14          // group g + 4
+        vpdpbusd 4*\g+16(%rax){1to16}, %zmm14, %zmm\k
+        vpsrlw  $2, %zmm28, %zmm15
+        vpandd  %zmm13, %zmm15, %zmm15          // group g + 6
+        vpdpbusd 4*\g+24(%rax){1to16}, %zmm15, %zmm\k
+        .endm
+
+        .macro  q6_sc a0, a1, c0, c1
+        vpmulld %zmm\c0, %zmm\a0, %zmm\a0
+        vpmulld %zmm\c1, %zmm\a1, %zmm\a1
+        vpaddd  %zmm\a1, %zmm\a0, %zmm\a0
+        .endm
+
+        .macro  q6_avx512vnni_blk
+        testb   $7, %r11b
+        jnz     .Lq6h\@
+        dw_rec                                  // a super-record: its 64 d's, then its first record
+        addq    $128, %rdi
+.Lq6h\@:
+        vpmovsxbd 0(%rdi), %zmm20
+        vpmovsxbd 16(%rdi), %zmm21
+        vpmovsxbd 32(%rdi), %zmm22
+        vpmovsxbd 48(%rdi), %zmm23
+        vpmovsxbd 64(%rdi), %zmm24
+        vpmovsxbd 80(%rdi), %zmm25
+        vpmovsxbd 96(%rdi), %zmm26
+        vpmovsxbd 112(%rdi), %zmm27
+        vpbroadcastd (%rsp,%r11,8), %zmm4       // A0 = -32 * sum(xq of inputs 0-15)
+        vpbroadcastd 4(%rsp,%r11,8), %zmm8      // A1: of inputs 16-31
+        vmovdqa64 %zmm4, %zmm5
+        vmovdqa64 %zmm4, %zmm6
+        vmovdqa64 %zmm4, %zmm7
+        vmovdqa64 %zmm8, %zmm9
+        vmovdqa64 %zmm8, %zmm10
+        vmovdqa64 %zmm8, %zmm11
+        .irp    g, 0, 1, 2, 3
+        q6p_line 128+256*\g, 4, 8, \g
+        q6p_line 128+256*\g+64, 5, 9, \g
+        q6p_line 128+256*\g+128, 6, 10, \g
+        q6p_line 128+256*\g+192, 7, 11, \g
+        .endr
+        .irp    g, 0, 1
+        q6h_line 1152+256*\g, 4, 8, \g
+        q6h_line 1152+256*\g+64, 5, 9, \g
+        q6h_line 1152+256*\g+128, 6, 10, \g
+        q6h_line 1152+256*\g+192, 7, 11, \g
+        .endr
+        q6_sc   4, 8, 20, 24                    // s = sc0 * S0 + sc1 * S1
+        q6_sc   5, 9, 21, 25
+        q6_sc   6, 10, 22, 26
+        q6_sc   7, 11, 23, 27
+        flt_rec
+        .endm
+
+        .macro  q6_consts
+        movrel  %rbx, q0_mv_avx512
+        vpbroadcastd Q0_M0F(%rbx), %zmm12
+        vpbroadcastd Q0_M30(%rbx), %zmm13
+        .endm
+
+/*
+ * void gpt2asm_matvec_q6_k_avx512vnni(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
+ *                                     float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+ *   for t in tile_begin .. tile_end-1, o = 64t + j (j < 64):
+ *       acc = +0.0;  for b in 0 .. n_in/32-1:
+ *           S0 = sum_{i<16} q[o][32b+i] * xq[32b+i],  S1 = sum_{16<=i<32} ...   (exact int32)
+ *           s = sc[o][2b] * S0 + sc[o][2b+1] * S1;  t = xd[b] * d[o][b/8];  acc = fma((float)s, t, acc)
+ *       y[o] = b ? acc + b[o] : acc
+ *   w: the q6_k tiled super-records (13440 bytes per 256 inputs and tile), 64-byte aligned; n_in % 256 == 0.
+ *   Any int8 xq.  AVX512F + BW + VNNI.
+ */
+        .purgem q0_consts
+        .macro  q0_consts
+        q6_consts
+        .endm
+        .set    Q0_HI, 1
+function gpt2asm_matvec_q6_k_avx512vnni
+        mv_q0   1664, 5, q6_avx512vnni_blk, 1680, 1
 endfunc
