@@ -67,6 +67,13 @@ def ckpt_tiny(tokenizer_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ckpt_w256(tokenizer_dir) -> Path:
+    """2 layers, 256 wide (a multiple of Q6_K's 256: q4_0 models get the q6_k head), 4 heads, real
+    vocabulary; save_pretrained layout."""
+    return checkpoint("w256-hf", tokenizer_dir, size="tiny", n_embd=256, n_head=4, seed=4, layout="hf")
+
+
+@pytest.fixture(scope="session")
 def ckpt_124m(tokenizer_dir) -> Path:
     """The full GPT-2 124M shape, random weights; the hub's bare-name layout with mask buffers."""
     return checkpoint("124M-hub", tokenizer_dir, size="124M", seed=2, layout="hub")

@@ -72,10 +72,13 @@ CASES = [  # (prompt length, max tokens, sampling, join at driver step, cancel a
 
 # under qemu (make test-arm64): f16 (binary16 caches) at -j 2 only
 @pytest.mark.parametrize("threads", [2] if qemu_config() else [1, 2])
-@pytest.mark.parametrize("dtype", ["f16"] if qemu_config() else ["f32", "f16", "q8_0", "q4_0"])
-def test_join_and_leave_same_bits_as_alone(ckpt_tiny, families, dtype, threads):
+@pytest.mark.parametrize("dtype", ["f16"] if qemu_config() else ["f32", "f16", "q8_0", "q4_0", "q4_0-w256"])
+def test_join_and_leave_same_bits_as_alone(request, families, dtype, threads):
+    """q4_0-w256: the 256-wide model, whose q4_0 head is q6_k (batched through its matmul)."""
+    dtype, _, wide = dtype.partition("-")
+    ckpt = request.getfixturevalue("ckpt_w256" if wide else "ckpt_tiny")
     for fam in families[-1:] if qemu_config() else families:        # qemu: the last family (sme2 / neon)
-        join_and_leave(ckpt_tiny, fam, dtype, threads)
+        join_and_leave(ckpt, fam, dtype, threads)
 
 
 def join_and_leave(ckpt_tiny, fam, dtype, threads):

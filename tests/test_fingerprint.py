@@ -24,11 +24,21 @@ PINNED = {("f32", None): "da2d2b23e9b41a544a4da45c56e9a238df68441bb854d65b86bf43
           # (tests/test_q0_model.py: plain variants, -j 3, prefill, the emulator, GGUF)
           ("q8_0", None): "d85f4325c40ad5975e097240cb3994e49ea3b760eecdcfb250f71638fffb6eb2",
           ("q4_0", None): "3afdbf09b2503520faeb130b60ce9d10d4dd3fa94d8de5c2039449646d52cb0a"}
+# the 256-wide checkpoint (conftest ckpt_w256): its q4_0 model has the q6_k head (llama.cpp's Q6_K; tiny-hf's
+# 128-wide rows fall back to q8_0 as llama-quantize's do)
+CHECKPOINT_W256_SHA256 = "ae40f5dd5635accc9e2109a2ce485654a4e8484ec093809107e78a32e2a58c07"   # w256-hf, seed 4
+PINNED_W256 = {"q4_0": "2292fd3ad6735eab092fa03cbb9943e6c3068991660e962d1a7a7032d2cc0e39",
+               "q8_0": "22d6a0b8719347da39b5cac1855cb92662a820f11950f7b6f0cb35846821258f"}
 
 
 @pytest.fixture(scope="module")
 def same_checkpoint(ckpt_tiny) -> bool:
     return hashlib.sha256((ckpt_tiny / "model.safetensors").read_bytes()).hexdigest() == CHECKPOINT_SHA256
+
+
+@pytest.fixture(scope="module")
+def same_checkpoint_w256(ckpt_w256) -> bool:
+    return hashlib.sha256((ckpt_w256 / "model.safetensors").read_bytes()).hexdigest() == CHECKPOINT_W256_SHA256
 
 
 @pytest.mark.parametrize("dtype, kv", list(PINNED), ids=lambda p: str(p))
@@ -49,3 +59,23 @@ def test_fingerprint_pinned_on_every_family(ckpt_tiny, families, same_checkpoint
         pytest.skip("the random checkpoint generator produced other weights (numpy changed?): "
                     "families agree with each other, the pinned x86 value cannot be compared")
     assert set(got.values()) == {PINNED[dtype, kv]}, got
+
+
+@pytest.mark.parametrize("dtype", list(PINNED_W256))
+def test_fingerprint_w256_pinned_on_every_family(ckpt_w256, families, same_checkpoint_w256, dtype):
+    """The q6_k head (q4_0 of a 256-wide model) and the q8_0 one on every family, -j 1 / 2."""
+    from gpt2asm.kernels import Q0_PLAN_FAMILIES
+    families = [f for f in families if f in Q0_PLAN_FAMILIES]
+    if not families:
+        pytest.skip(f"no kernel family here runs the {dtype} plan jobs yet")
+    got = {}
+    for fam in families:
+        for threads in (1, 2):
+            m = GPT2.load(ckpt_w256, dtype=dtype, isa=fam, threads=threads)
+            assert m.model.w.head_w.shape[2] == (13440 if dtype == "q4_0" else 2176)
+            got[fam, threads] = fingerprint(m, PROMPTS, STEPS)[0]
+            m.close()
+    assert len(set(got.values())) == 1, got
+    if not same_checkpoint_w256:
+        pytest.skip("the random checkpoint generator produced other weights: families agree, pinned not compared")
+    assert set(got.values()) == {PINNED_W256[dtype]}, got

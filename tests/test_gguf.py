@@ -144,7 +144,8 @@ def test_untied_output(ckpt, tmp_path):
 
 
 def test_q6k_head_is_dequantized(tmp_path):
-    """llama-quantize's Q4_0 GPT-2 has a Q6_K output tensor: dequantized (gguf.quants) and run as q8_0."""
+    """llama-quantize's Q4_0 GPT-2 has a Q6_K output tensor: dequantized as gguf.quants does; a q4_0 run keeps
+    its blocks as stored (the q6_k head), a q8_0 run requantizes the dequantized values to q8_0."""
     ck = make_checkpoint(tmp_path / "m", seed=9, layout="hub", size="tiny", n_embd=256, n_head=4, vocab=64,
                          n_ctx=32, tokenizer_dir=False)                 # Q6_K blocks are 256 wide
     t = converted_tensors(ck, output=True)
@@ -166,7 +167,9 @@ def test_q6k_head_is_dequantized(tmp_path):
     ref = gguf.quants.dequantize(blocks.reshape(V, -1), gguf.GGMLQuantizationType.Q6_K)
     assert bits(head) == bits(ref.astype(np.float32))
     ws = m.weights("q4_0")
-    assert not ws.tied_head and bits(ws.head_w) == bits(Q.tile(*Q.quantize(head, "q8_0"), "q8_0"))
+    assert not ws.tied_head and bits(ws.head_w) == bits(Q.tile_q6k(*Q.from_ggml_q6k(blocks.reshape(V, -1), C)))
+    ws = m.weights("q8_0")
+    assert bits(ws.head_w) == bits(Q.tile(*Q.quantize(head, "q8_0"), "q8_0"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -382,9 +385,10 @@ def _quantizer() -> Path | None:
 
 
 def test_llamacpp_quantize_q4_0(ckpt_tiny, tmp_path):
-    """llama-quantize's Q4_0 of the converter's F32 GGUF holds, in every block matrix, the same ints and
-    scales as --dtype q4_0 of the checkpoint (ggml's C reference quantizer = gguf.quants = quant0); the
-    output / token embedding it keeps at its own higher-precision choice, so only the blocks compare."""
+    """llama-quantize's Q4_0 of the converter's F32 GGUF loads to exactly the weights of --dtype q4_0 of the
+    checkpoint: the same ints and scales in every block matrix (ggml's C reference quantizer = gguf.quants =
+    quant0), and the output / token embedding in the same kind with the same blocks (Q6_K, or Q8_0 when the
+    row length is not a multiple of 256: quant0.head_kind, as llama-quantize chooses)."""
     conv, quant = _converter(), _quantizer()
     if conv is None or quant is None:
         pytest.skip("llama.cpp's converter / llama-quantize are not here (make llamacpp builds them)")
@@ -398,10 +402,7 @@ def test_llamacpp_quantize_q4_0(ckpt_tiny, tmp_path):
     assert p.returncode == 0, p.stderr[-800:]
     got, want = load_gguf_weights(q4), load_weights(ckpt_tiny, "q4_0")
     assert got.dtype == "q4_0"
-    for i, (L, M) in enumerate(zip(got.layers, want.layers, strict=True)):
-        for name in ("attn_w", "attn_proj_w", "fc_w", "proj_w"):
-            u, v = getattr(L, name), getattr(M, name)
-            assert (u.dtype, u.shape) == (v.dtype, v.shape) and bits(u) == bits(v), (i, name)
+    assert_same_weights(got, want)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from gpt2asm.model import PREFILL_ROWS, Transformer
 from gpt2asm.weights import load_weights, aligned_zeros
 
 import oracle
-from test_fingerprint import PINNED, PROMPTS, STEPS, same_checkpoint  # noqa: F401  (fixture)
+from test_fingerprint import (PINNED, PINNED_W256, PROMPTS, STEPS, same_checkpoint,  # noqa: F401  (fixtures)
+                              same_checkpoint_w256)
 from test_model import fingerprint
 from test_plan import EmulatedAvx512, bits, emulator
 from test_prefill import cached_steps, prompt, same_cache
@@ -52,21 +53,25 @@ def use_variant(monkeypatch, plain: bool) -> None:
         monkeypatch.setenv("GPT2ASM_Q0_PLAIN", "1" if plain else "0")
 
 
+@pytest.mark.parametrize("ckpt", ["tiny", "w256"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fingerprint_every_family_variant_and_thread_count(ckpt_tiny, families, same_checkpoint, monkeypatch,
-                                                           dtype):
+def test_fingerprint_every_family_variant_and_thread_count(request, families, monkeypatch, dtype, ckpt):
+    """w256: a 256-wide model, whose q4_0 head is q6_k (tiny's falls back to q8_0)."""
+    path = request.getfixturevalue("ckpt_tiny" if ckpt == "tiny" else "ckpt_w256")
     got, names = {}, set()
     for fam, plain in variants(families):
         use_variant(monkeypatch, plain)
         for threads in (1, 2, 3):
-            m = GPT2.load(ckpt_tiny, dtype=dtype, isa=fam, threads=threads)
+            m = GPT2.load(path, dtype=dtype, isa=fam, threads=threads)
             names.add(m.model.k.q0_names[f"matvec_{dtype}"])
             got[fam, plain, threads] = fingerprint(m, PROMPTS, STEPS)[0]
             m.close()
     print(f"\n{dtype}: {sorted(names)}")
     assert len(set(got.values())) == 1, got
-    if same_checkpoint:
+    if ckpt == "tiny" and request.getfixturevalue("same_checkpoint"):
         assert set(got.values()) == {PINNED[dtype, None]}, got
+    if ckpt == "w256" and request.getfixturevalue("same_checkpoint_w256"):
+        assert set(got.values()) == {PINNED_W256[dtype]}, got
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -115,11 +120,13 @@ def test_prefill_after_steps_across_a_chunk_then_steps(ckpt_tiny, families, dtyp
         k.close()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_plan_equals_single_kernel_calls(ckpt_tiny, families, dtype, monkeypatch):
+@pytest.mark.parametrize("dtype", DTYPES + ["q4_0-w256"])
+def test_plan_equals_single_kernel_calls(request, families, dtype, monkeypatch):
     """The step and prefill plans against the same forward pass as single calls from Python
-    (tests/oracle.py: the checked q0kernels wrappers for quantize / matvec / matmul, numpy adds)."""
-    w = load_weights(ckpt_tiny, dtype)
+    (tests/oracle.py: the checked q0kernels wrappers for quantize / matvec / matmul, numpy adds).
+    q4_0-w256: the 256-wide model, its q6_k head."""
+    dtype, _, wide = dtype.partition("-")
+    w = load_weights(request.getfixturevalue("ckpt_w256" if wide else "ckpt_tiny"), dtype)
     ids = prompt(9, 11)
     for fam, plain in variants(families):
         use_variant(monkeypatch, plain)
@@ -176,17 +183,19 @@ class EmulatedQ0(EmulatedAvx512):
 
 
 @pytest.mark.parametrize("variant", ["avx512vnni", "avx512vnni_zen4", "avx512"])
-def test_emulated_avx512(ckpt_tiny, families, variant, monkeypatch):
-    """The AVX-512 q0 plans under the emulator (one thread): q8_0 cached steps and prefill, q4_0 steps,
-    against native avx2 (kept small: the emulator runs ~1000x slower).  avx512vnni_zen4: the VNNI
-    variant with the Zen 4 decode tuning forced ($GPT2ASM_Q0_ZEN4)."""
+def test_emulated_avx512(ckpt_tiny, ckpt_w256, families, variant, monkeypatch):
+    """The AVX-512 q0 plans under the emulator (one thread): q8_0 cached steps and prefill, q4_0 steps
+    (also of the 256-wide model: the q6_k head, with prefill), against native avx2 (kept small: the emulator
+    runs ~1000x slower).  avx512vnni_zen4: the VNNI variant with the Zen 4 decode tuning forced
+    ($GPT2ASM_Q0_ZEN4)."""
     monkeypatch.setenv("GPT2ASM_Q0_ZEN4", "1" if variant.endswith("_zen4") else "0")
     tuned, variant = variant, variant.removesuffix("_zen4")
     emu = emulator()
     try:
         ids = prompt(5, 13)
-        for dtype in DTYPES:
-            w = load_weights(ckpt_tiny, dtype)
+        for dtype, ckpt in [(d, ckpt_tiny) for d in DTYPES] + [("q4_0-w256", ckpt_w256)]:
+            dtype, _, wide = dtype.partition("-")
+            w = load_weights(ckpt, dtype)
             k = Kernels(families[0])
             want, want_st = cached_steps(Transformer(w, k), ids)
             k.close()
@@ -195,7 +204,7 @@ def test_emulated_avx512(ckpt_tiny, families, variant, monkeypatch):
             model = Transformer(w, k)
             got, st = cached_steps(model, ids[:3])
             assert np.array_equal(bits(got), bits(want[:3])), f"{dtype} {variant}: steps"
-            if dtype == "q8_0":
+            if dtype == "q8_0" or wide:
                 st = model.new_state()
                 got = model.prefill(st, ids)[0]
                 assert np.array_equal(bits(got), bits(want[-1])), f"{dtype} {variant}: prefill"
@@ -204,9 +213,12 @@ def test_emulated_avx512(ckpt_tiny, families, variant, monkeypatch):
         emu.close()
 
 
-@pytest.mark.parametrize("ftype, dtype", [("Q8_0", "q8_0"), ("Q4_0", "q4_0")])
-def test_gguf_gives_the_dtype_bits(ckpt_tiny, tmp_path, ftype, dtype):
-    """A GGUF Q8_0 (Q4_0) of a checkpoint holds the blocks --dtype q8_0 (q4_0) quantizes: the same logits."""
+@pytest.mark.parametrize("ftype, dtype", [("Q8_0", "q8_0"), ("Q4_0", "q4_0"), ("Q4_0", "q4_0-w256")])
+def test_gguf_gives_the_dtype_bits(request, tmp_path, ftype, dtype):
+    """A GGUF Q8_0 (Q4_0) of a checkpoint holds the blocks --dtype q8_0 (q4_0) quantizes: the same logits.
+    q4_0-w256: the 256-wide model, whose GGUF (like llama-quantize's) stores the head as Q6_K."""
+    dtype, _, wide = dtype.partition("-")
+    ckpt_tiny = request.getfixturevalue("ckpt_w256" if wide else "ckpt_tiny")
     import sys
     from pathlib import Path
     pytest.importorskip("gguf")          # (the arm64 test sysroot has no gguf wheel: tools/arm64/requirements.txt)
@@ -215,6 +227,7 @@ def test_gguf_gives_the_dtype_bits(ckpt_tiny, tmp_path, ftype, dtype):
     g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", ftype)
     with GPT2.load(ckpt_tiny, dtype=dtype, threads=2) as a, GPT2.load(g, threads=2) as b:
         assert b.dtype == dtype
+        assert a.model.w.head_w.shape == b.model.w.head_w.shape == ((786, 1, 13440) if wide else (786, 4, 2176))
         assert fingerprint(a, PROMPTS[:1], 4) == fingerprint(b, PROMPTS[:1], 4)
         ids = a.encode(PROMPTS[0])
         assert np.array_equal(bits(a.logits(ids)), bits(b.logits(ids)))
