@@ -26,8 +26,9 @@
         /* the whole kernel: \rec record bytes (the block step), \csh = log2(c) of the correction (0: none);
            q6_k (\trec = 1680, \halves = 1): a tile is nb * \trec bytes (its super-records' headers
            included: the block macro widens the d's and steps rdi over a header at every 8th block), and
-           the table has two entries per block, -c * sum(xq) over each half of 16 inputs, at 8b and 8b + 4 */
-        .macro  mv_q0 rec, csh, blk, trec=0, halves=0
+           the table has two entries per block, -c * sum(xq) over each half of 16 inputs, at 8b and 8b + 4
+           (\csh0 >= 0: c = 2^csh0 for the first half) */
+        .macro  mv_q0 rec, csh, blk, trec=0, halves=0, csh0=-1
         .if \trec
         .set    MV_TREC\@, \trec
         .else
@@ -81,7 +82,11 @@
         vmovd   %xmm2, %r12d
         negl    %r12d
         addl    $2048, %r12d                    // -sum(xq of the half)
+        .if \csh0 >= 0
+        shll    $\csh0, %r12d
+        .else
         shll    $\csh, %r12d
+        .endif
         movl    %r12d, (%rsp,%r11,8)
         vmovd   %xmm3, %r12d
         negl    %r12d
