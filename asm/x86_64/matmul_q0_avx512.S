@@ -1,6 +1,6 @@
 /*
  * asm/x86_64/matmul_q0_avx512.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX-512 BW and
- * AVX-512 VNNI (zmm).
+ * AVX-512 VNNI (zmm); and q6_k's (gpt2asm_matmul_q6_k_avx512vnni, at the end of the file).
  *
  * The sequence of matmul_q0_avx2.S with matmul_q0.h's blocking and matmul_q0_tok.h's body; register block
  * 8 tokens x 16 outputs

@@ -1,6 +1,6 @@
 /*
  * asm/x86_64/matvec_q0_avx512.S -- q8_0 / q4_0 decode (matrix-vector) kernels, AVX-512 BW and
- * AVX-512 VNNI (zmm).
+ * AVX-512 VNNI (zmm); and q6_k's (gpt2asm_matvec_q6_k_avx512vnni, at the end of the file).
  *
  * The sequence of matvec_q0_avx2.S (docs/kernels.md "q8_0 / q4_0"; numpy model tests/q0ref.py, matvec), a whole
  * record per pass: the tile's 64 fp32 sums in zmm0-3, the record's 64 int32 block sums in zmm4-7 (one
