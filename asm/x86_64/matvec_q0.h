@@ -1,7 +1,7 @@
 /*
  * asm/x86_64/matvec_q0.h -- the driver of the q8_0 / q4_0 (and q6_k: mv_q0's trec / halves) decode
- * kernels, shared by matvec_q0_avx2.S and matvec_q0_avx512.S: argument set-up, the per-call table of block corrections, the tile loop and
- * the block loop; the including file supplies the ISA's macros
+ * kernels, shared by matvec_q0_avx2.S and matvec_q0_avx512.S: argument set-up, the per-call table of
+ * block corrections, the tile loop and the block loop; the including file supplies the ISA's macros
  *     q0_consts   rbx = its constant block           q0_zero    zero the tile's 64 fp32 sums
  *     \blk        one record (64 outputs x 32 inputs: the int32 sums, then acc = fma((float)s, t, acc))
  *     q0_store    y = acc + b (or acc when b is NULL) for the tile's 64 outputs, from rcx / r8
