@@ -117,7 +117,8 @@
  * header (r9).  A of (sub-tile s, token t): zmm23-30 (each_st6), next to int sum zmm(i) and fp32 sum
  * zmm(8 + i).  The whole-record pass (1-2 tokens: batched decode over the head from DRAM) prefetches each
  * record's 26 lines MQ6_PFD = 6144 bytes ahead (prefetcht0): the head at 1 / 2 tokens went from 0.71 / 0.75
- * to 0.86 / 0.82-0.87 of a plain read (Zen 5; 3072: no gain, 12288: about the same).
+ * to 0.86 / 0.82-0.87 of a plain read (Zen 5; 3072: no gain, 12288: about the same); so do the 2-sub-tile
+ * passes (3-4 tokens, MQ6_PF2: 0.76 / 0.72 -> 0.80 / 0.75, the second pass's prefetches mostly redundant).
  */
         .macro  each_st6 mt, ns, m, sel=-1
         .if \ns == 1
@@ -154,7 +155,10 @@
 #endif
         .macro  q6v_blk mt, ns
         q6_hdr
-        .if \ns == 4 && MQ6_PFD
+#ifndef MQ6_PF2
+#define MQ6_PF2 1                               /* the 2-sub-tile passes (3-4 tokens) too */
+#endif
+        .if (\ns == 4 || (\ns == 2 && MQ6_PF2)) && MQ6_PFD
         .set    MQ6_O, 0
         .rept   26
         prefetcht0 MQ6_O+MQ6_PFD(%rdi)         // one forward stream, ahead of the out-of-order window
