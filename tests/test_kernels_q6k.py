@@ -426,6 +426,27 @@ def test_matmul_page_guards():
     run_forked(child)
 
 
+def test_checked_calls():
+    """Under the test session's $GPT2ASM_CHECKASM every call above ran through gpt2asm_checked_call (callee-saved
+    registers, rsp, MXCSR, DF and the AVX upper state checked after it); make sure the binding really is checked,
+    and run each kernel once more through it with an odd token count and a NULL bias."""
+    from gpt2asm import checkasm
+    if not checkasm.enabled():
+        pytest.skip("GPT2ASM_CHECKASM is off")
+    lib = load_lib()
+    have = native_isas(lib)
+    rng = np.random.default_rng(8)
+    q, sc, d = make_weights(rng, 100, 512)
+    w = q0ref.tile_q6k(q, sc, d)
+    XQ, XD = acts(rng, 3, 512)
+    for isa in ISAS:
+        for sym in (mv_symbol(isa), mm_symbol(isa)):
+            assert isinstance(getattr(lib, sym), checkasm.CheckedFunction), sym
+        if isa in have:
+            check_mv(["native"], isa, w, XQ[0], XD[0], None, 2, 0, 2)
+            check_mm(["native"], isa, w, XQ, XD, None, 2, 1, 2)
+
+
 def test_instruction_sets():
     """avx2: no EVEX (zmm, masks, xmm16+, embedded broadcasts), no VNNI; avx512vnni: EVEX vpdpbusd."""
     import re

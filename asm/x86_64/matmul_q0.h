@@ -1,6 +1,6 @@
 /*
- * asm/x86_64/matmul_q0.h -- the driver of the q8_0 / q4_0 prefill (matrix-matrix) kernels, shared by
- * matmul_q0_avx2.S and matmul_q0_avx512.S.
+ * asm/x86_64/matmul_q0.h -- the driver of the q8_0 / q4_0 (and q6_k: mm_q0's q6 = 1) prefill
+ * (matrix-matrix) kernels, shared by matmul_q0_avx2.S and matmul_q0_avx512.S.
  *
  * Blocking.  Tokens are taken in super-chunks whose activation panel fits MQ_PANEL bytes of stack; for
  * each super-chunk the driver first repacks every token's quantized row into the panel, by blocks of

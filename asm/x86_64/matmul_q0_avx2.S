@@ -1,5 +1,6 @@
 /*
- * asm/x86_64/matmul_q0_avx2.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX2 and AVX-VNNI (ymm).
+ * asm/x86_64/matmul_q0_avx2.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX2 and AVX-VNNI (ymm);
+ * and q6_k's (gpt2asm_matmul_q6_k_avx2, and gpt2asm_matvec_q6_k_avx2 = it with one token: at the end).
  *
  * docs/kernels.md "q8_0 / q4_0"; the blocking and the activation panel are matmul_q0.h's, the register-block
  * body matmul_q0_tok.h's (this file names its registers and ISA steps).  Register block: 6 tokens

@@ -16,7 +16,9 @@
  *     q8s_w g             W0 = |w| of group g (the sign trick), and what q8s_tok needs of w's signs
  *     q8s_tok / q8v_tok / q4m_fin / q4v_tok t, i, f, g    the ISA's per-token dot steps
  * and gets mq_zero, mq_store, the blocks q8s_blk (q8_0 sign trick), q8v_blk (q8_0 VNNI), q4m_blk
- * (q4_0 vpmaddubsw), q4v_blk (q4_0 VNNI) and mq_fn (one kernel: mm_q0 of matmul_q0.h over a block).
+ * (q4_0 vpmaddubsw), q4v_blk (q4_0 VNNI) and mq_fn (one kernel: mm_q0 of matmul_q0.h over a block); for q6_k
+ * (the ISA files' q6m_blk / q6v_blk) q6_hdr, q6_next (a super-record's header), q6_u (one group's 6-bit
+ * values), MQ_ST6 (a second int register per (sub-tile, token)) and mq_fn6.
  */
 #ifndef GPT2ASM_X86_MATMUL_Q0_TOK_H
 #define GPT2ASM_X86_MATMUL_Q0_TOK_H

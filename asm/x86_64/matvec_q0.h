@@ -1,7 +1,7 @@
 /*
- * asm/x86_64/matvec_q0.h -- the driver of the q8_0 / q4_0 decode kernels, shared by matvec_q0_avx2.S
- * and matvec_q0_avx512.S: argument set-up, the per-call table of block corrections, the tile loop and
- * the block loop; the including file supplies the ISA's macros
+ * asm/x86_64/matvec_q0.h -- the driver of the q8_0 / q4_0 (and q6_k: mv_q0's trec / halves) decode
+ * kernels, shared by matvec_q0_avx2.S and matvec_q0_avx512.S: argument set-up, the per-call table of
+ * block corrections, the tile loop and the block loop; the including file supplies the ISA's macros
  *     q0_consts   rbx = its constant block           q0_zero    zero the tile's 64 fp32 sums
  *     \blk        one record (64 outputs x 32 inputs: the int32 sums, then acc = fma((float)s, t, acc))
  *     q0_store    y = acc + b (or acc when b is NULL) for the tile's 64 outputs, from rcx / r8
@@ -26,8 +26,9 @@
         /* the whole kernel: \rec record bytes (the block step), \csh = log2(c) of the correction (0: none);
            q6_k (\trec = 1680, \halves = 1): a tile is nb * \trec bytes (its super-records' headers
            included: the block macro widens the d's and steps rdi over a header at every 8th block), and
-           the table has two entries per block, -c * sum(xq) over each half of 16 inputs, at 8b and 8b + 4 */
-        .macro  mv_q0 rec, csh, blk, trec=0, halves=0
+           the table has two entries per block, -c * sum(xq) over each half of 16 inputs, at 8b and 8b + 4
+           (\csh0 >= 0: c = 2^csh0 for the first half) */
+        .macro  mv_q0 rec, csh, blk, trec=0, halves=0, csh0=-1
         .if \trec
         .set    MV_TREC\@, \trec
         .else
@@ -81,7 +82,11 @@
         vmovd   %xmm2, %r12d
         negl    %r12d
         addl    $2048, %r12d                    // -sum(xq of the half)
+        .if \csh0 >= 0
+        shll    $\csh0, %r12d
+        .else
         shll    $\csh, %r12d
+        .endif
         movl    %r12d, (%rsp,%r11,8)
         vmovd   %xmm3, %r12d
         negl    %r12d

@@ -1,6 +1,6 @@
 /*
  * asm/x86_64/matvec_q0_avx512.S -- q8_0 / q4_0 decode (matrix-vector) kernels, AVX-512 BW and
- * AVX-512 VNNI (zmm).
+ * AVX-512 VNNI (zmm); and q6_k's (gpt2asm_matvec_q6_k_avx512vnni, at the end of the file).
  *
  * The sequence of matvec_q0_avx2.S (docs/kernels.md "q8_0 / q4_0"; numpy model tests/q0ref.py, matvec), a whole
  * record per pass: the tile's 64 fp32 sums in zmm0-3, the record's 64 int32 block sums in zmm4-7 (one
@@ -75,7 +75,7 @@
         .macro  q0_exit
         vclear  vpxord, zmm, 16, 17, 18, 19     // vzeroupper leaves zmm16-31 as they are
         .if Q0_HI
-        vclear  vpxord, zmm, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29   // (q6_k's)
+        vclear  vpxord, zmm, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31   // (q6_k's)
         .endif
         vzeroupper
         ret
@@ -272,94 +272,138 @@ endfunc
 
 /*
  * q6_k (docs/kernels.md "gpt2asm_{matvec,matmul}_q6_k_<isa>"; numpy model tests/q0ref.py matvec_q6k): the
- * tile's super-records stream front to back.  At a super-record's start its 64 d's are widened (zmm16-19)
- * and rdi steps over the 128-byte header; then per record (block b, 1664 bytes), in address order:
- *   sc lines   zmm20-23 = sc[2b] of outputs 16j.. (vpmovsxbd), zmm24-27 = sc[2b+1]
- *   P lines    (group g < 4, outputs 16j..): lo = P & 15 (group g), (P >> 4) & 15 (group g + 4):
- *              A0[j] += vpdpbusd(lo_g, X_g{1to16}), A1[j] += vpdpbusd(lo_g+4, X_g+4{1to16})
- *   H lines    (g' = 0, 1): 16 * hi of groups g', g'+2, g'+4, g'+6 = (H << 4, H << 2, H, H >> 2) & 0x30
- *              (vpsllw / vpsrlw, vpandd): dotted into A0[j] (g', g'+2) and A1[j] (g'+4, g'+6)
- * so A_h[j] = sum over half h of (lo + 16 hi) * xq = sum u * xq, starting from -32 * sum(xq of half h)
- * (the driver's table): A_h = S_h exactly.  Then s = sc0 * A0 + sc1 * A1 (vpmulld, vpaddd; exact,
- * |s| < 2^24), t = xd[b] * d (xd first), acc = fma((float)s, t, acc) — the contract's sequence.
- * Registers: zmm0-3 fp32 sums, zmm4-7 A0, zmm8-11 A1, zmm12 0x0f bytes, zmm13 0x30 bytes, zmm14-15
- * temps, zmm16-19 d, zmm20-27 sc, zmm28 the line; the table at rsp (8 bytes a block).
+ * tile's super-records stream front to back.  At a super-record's start r12 = its 64 d's (the header's two
+ * lines touched there, widened again per record) and rdi steps over the header; then per record (block b,
+ * 1664 bytes), strictly in address order, with u = lo + 16 hi (lo: 4 bits from P, hi: 2 bits from H) and
+ * X_g = xq[32b+4g .. +3] broadcast (zmm16-17 for a P group, zmm16-19 for an H row), per line (16 outputs
+ * 16j.. x 4 inputs of each group):
+ *   sc line   vpmovsxbd (the record's first line touched first)
+ *   P lines   (group g < 4): A0 += vpdpbusd(P & 0x0f, X_g)            (lo of group g)
+ *                            D  += vpdpbusd(P & 0xf0, X_g+4)          (16 lo of group g + 4)
+ *   H lines   (g' = 0, 1), T = H >> 2 (vpsrlw):
+ *                            E  += vpdpbusd(H & 0x03, X_g')  + vpdpbusd(T & 0x03, X_g'+2)    (hi, half 0)
+ *                            A1 += vpdpbusd(H & 0x30, X_g'+4) + vpdpbusd(T & 0x30, X_g'+6)   (16 hi, half 1)
+ * E starts at -2 * sum(xq of inputs 0-15), A1 at -32 * sum(xq of 16-31) (the driver's table), A0 and D at
+ * 0; then
+ *   S0 = A0 + 16 E  (vpdpwssd with the int16 pair (16, 0): |E| <= 16*3*128 + 2*2048 < 2^15, exact)
+ *   S1 = A1 + D / 16  (vpsrad: D is 16 * an integer)
+ * exactly the contract's half sums; s = sc0 * S0 + sc1 * S1 (vpmovsxbd, vpmulld, vpaddd; |s| < 2^24),
+ * t = xd[b] * d (xd first), acc = fma((float)s, t, acc).  Any int8 xq.
+ * Speed (Zen 5, weights in DRAM, python tests/test_kernels_q6k.py --bench): ~8.5 ops per 64-byte line
+ * (4 per P line, 9 per H line, ~60 per record besides) stream at only 0.87-0.92 of a plain read: the
+ * out-of-order window runs too few lines ahead of the oldest miss (the same code with the H lines cut to
+ * 2 ops, wrong results, ran at 0.95-1.0).  So each line's ops start with a prefetcht0 Q6_PFD = 6144 bytes
+ * (~3.7 records) ahead, one forward stream: 1.0-1.07 of the read (4096: ~1.04, 8192-10240: ~1.05,
+ * 16384: ~0.92; prefetcht1: ~0.95).  Prefetches past the range's end do not fault.
+ * Registers: zmm0-3 fp32 sums, zmm4-7 A0, zmm8-11 A1, zmm12-15 the masks 0x0f, 0x30, 0xf0, 0x03 bytes,
+ * zmm16-19 X, zmm20-23 E, zmm24-27 D, zmm28 T / xd, zmm29-30 masked operands / temps, zmm31 sc; r12 the
+ * super-record's d's; the table at rsp (8 bytes a block); zmm16-31 are zeroed before returning.
  */
-        .macro  q6p_line off, j, k, g
-        vmovdqa64 \off(%rdi), %zmm28
-        vpandd  %zmm12, %zmm28, %zmm14          // u low bits, group g
-        vpsrlw  $4, %zmm28, %zmm15
-        vpandd  %zmm12, %zmm15, %zmm15          // group g + 4
-        vpdpbusd 4*\g(%rax){1to16}, %zmm14, %zmm\j
-        vpdpbusd 4*\g+16(%rax){1to16}, %zmm15, %zmm\k
+#ifndef Q6_PFD
+#define Q6_PFD 6144                             /* prefetch distance in bytes (0: none) */
+#endif
+        .macro  q6pf off
+        .if Q6_PFD
+        prefetcht0 \off+Q6_PFD(%rdi)
+        .endif
         .endm
 
-        .macro  q6h_line off, j, k, g
-        vmovdqa64 \off(%rdi), %zmm28
-        vpsllw  $4, %zmm28, %zmm14
-        vpandd  %zmm13, %zmm14, %zmm14          // 16 * hi, group g
-        vpdpbusd 4*\g(%rax){1to16}, %zmm14, %zmm\j
-        vpsllw  $2, %zmm28, %zmm15
-        vpandd  %zmm13, %zmm15, %zmm15          // group g + 2
-        vpdpbusd 4*\g+8(%rax){1to16}, %zmm15, %zmm\j
-        vpandd  %zmm13, %zmm28, %zmm14          // group g + 4
-        vpdpbusd 4*\g+16(%rax){1to16}, %zmm14, %zmm\k
-        vpsrlw  $2, %zmm28, %zmm15
-        vpandd  %zmm13, %zmm15, %zmm15          // group g + 6
-        vpdpbusd 4*\g+24(%rax){1to16}, %zmm15, %zmm\k
+        /* a P line of group g (A0 = zmm\j, D = zmm2\j); zmm16 = X_g, zmm17 = X_g+4 */
+        .macro  q6p_line off, j
+        q6pf    \off
+        vpandd  \off(%rdi), %zmm12, %zmm29      // lo, group g
+        vpdpbusd %zmm16, %zmm29, %zmm\j
+        vpandd  \off(%rdi), %zmm14, %zmm30      // 16 lo, group g + 4
+        vpdpbusd %zmm17, %zmm30, %zmm2\j
         .endm
 
-        .macro  q6_sc a0, a1, c0, c1
-        vpmulld %zmm\c0, %zmm\a0, %zmm\a0
-        vpmulld %zmm\c1, %zmm\a1, %zmm\a1
-        vpaddd  %zmm\a1, %zmm\a0, %zmm\a0
+        /* an H line of row g' (E = zmm2\j, A1 = zmm\a1); zmm16-19 = X_g', X_g'+2, X_g'+4, X_g'+6 */
+        .macro  q6h_line off, j, a1
+        q6pf    \off
+        vpsrlw  $2, \off(%rdi), %zmm28          // T
+        vpandd  \off(%rdi), %zmm15, %zmm29      // hi, group g'
+        vpdpbusd %zmm16, %zmm29, %zmm2\j
+        vpandd  \off(%rdi), %zmm13, %zmm30      // 16 hi, group g' + 4
+        vpdpbusd %zmm18, %zmm30, %zmm\a1
+        vpandd  %zmm15, %zmm28, %zmm29          // hi, group g' + 2
+        vpdpbusd %zmm17, %zmm29, %zmm2\j
+        vpandd  %zmm13, %zmm28, %zmm30          // 16 hi, group g' + 6
+        vpdpbusd %zmm19, %zmm30, %zmm\a1
+        .endm
+
+        /* s (into A0 = zmm\a0) of outputs 16j..: S0 = A0 + 16 E, S1 = A1 + D / 16, s = sc0 * S0 + sc1 * S1 */
+        .macro  q6_fold a0, a1, e, d, scoff
+        vpdpwssd Q0_W16(%rbx){1to16}, %zmm\e, %zmm\a0    // S0 = A0 + 16 E (E as int16)
+        vpsrad  $4, %zmm\d, %zmm\d
+        vpaddd  %zmm\d, %zmm\a1, %zmm\a1                 // S1 = A1 + D / 16
+        vpmovsxbd \scoff(%rdi), %zmm31
+        vpmulld %zmm31, %zmm\a0, %zmm\a0                 // sc0 * S0
+        vpmovsxbd \scoff+64(%rdi), %zmm29
+        vpmulld %zmm29, %zmm\a1, %zmm\a1                 // sc1 * S1
+        vpaddd  %zmm\a1, %zmm\a0, %zmm\a0                // s
+        .endm
+
+        /* acc[f] = fma((float)s[i], xd[b] * d (at r12 + \off, widened), acc[f]); zmm28 = xd[b] */
+        .macro  q6_flt off, i, f
+        vcvtph2ps \off(%r12), %zmm29
+        vmulps  %zmm29, %zmm28, %zmm29          // t = xd[b] * d
+        vcvtdq2ps %zmm\i, %zmm30
+        vfmadd231ps %zmm29, %zmm30, %zmm\f      // acc = fma(s, t, acc)
         .endm
 
         .macro  q6_avx512vnni_blk
         testb   $7, %r11b
         jnz     .Lq6h\@
-        dw_rec                                  // a super-record: its 64 d's, then its first record
+        movq    %rdi, %r12                      // a super-record: its 64 d's, then its first record
+        vcvtph2ps 0(%rdi), %zmm29               // (the header's lines touched first)
+        vcvtph2ps 64(%rdi), %zmm30
         addq    $128, %rdi
 .Lq6h\@:
-        vpmovsxbd 0(%rdi), %zmm20
-        vpmovsxbd 16(%rdi), %zmm21
-        vpmovsxbd 32(%rdi), %zmm22
-        vpmovsxbd 48(%rdi), %zmm23
-        vpmovsxbd 64(%rdi), %zmm24
-        vpmovsxbd 80(%rdi), %zmm25
-        vpmovsxbd 96(%rdi), %zmm26
-        vpmovsxbd 112(%rdi), %zmm27
-        vpbroadcastd (%rsp,%r11,8), %zmm4       // A0 = -32 * sum(xq of inputs 0-15)
-        vpbroadcastd 4(%rsp,%r11,8), %zmm8      // A1: of inputs 16-31
-        vmovdqa64 %zmm4, %zmm5
-        vmovdqa64 %zmm4, %zmm6
-        vmovdqa64 %zmm4, %zmm7
+        vpmovsxbd 0(%rdi), %zmm29               // (the sc line touched first)
+        vpbroadcastd (%rsp,%r11,8), %zmm20      // E = -2 * sum(xq of inputs 0-15)
+        vpbroadcastd 4(%rsp,%r11,8), %zmm8      // A1 = -32 * sum(xq of inputs 16-31)
+        vmovdqa64 %zmm20, %zmm21
+        vmovdqa64 %zmm20, %zmm22
+        vmovdqa64 %zmm20, %zmm23
         vmovdqa64 %zmm8, %zmm9
         vmovdqa64 %zmm8, %zmm10
         vmovdqa64 %zmm8, %zmm11
+        vclear  vpxord, zmm, 4, 5, 6, 7, 24, 25, 26, 27
         .irp    g, 0, 1, 2, 3
-        q6p_line 128+256*\g, 4, 8, \g
-        q6p_line 128+256*\g+64, 5, 9, \g
-        q6p_line 128+256*\g+128, 6, 10, \g
-        q6p_line 128+256*\g+192, 7, 11, \g
+        vpbroadcastd 4*\g(%rax), %zmm16
+        vpbroadcastd 4*\g+16(%rax), %zmm17
+        q6p_line 128+256*\g, 4
+        q6p_line 128+256*\g+64, 5
+        q6p_line 128+256*\g+128, 6
+        q6p_line 128+256*\g+192, 7
         .endr
         .irp    g, 0, 1
-        q6h_line 1152+256*\g, 4, 8, \g
-        q6h_line 1152+256*\g+64, 5, 9, \g
-        q6h_line 1152+256*\g+128, 6, 10, \g
-        q6h_line 1152+256*\g+192, 7, 11, \g
+        vpbroadcastd 4*\g(%rax), %zmm16
+        vpbroadcastd 4*\g+8(%rax), %zmm17
+        vpbroadcastd 4*\g+16(%rax), %zmm18
+        vpbroadcastd 4*\g+24(%rax), %zmm19
+        q6h_line 1152+256*\g, 0, 8
+        q6h_line 1152+256*\g+64, 1, 9
+        q6h_line 1152+256*\g+128, 2, 10
+        q6h_line 1152+256*\g+192, 3, 11
         .endr
-        q6_sc   4, 8, 20, 24                    // s = sc0 * S0 + sc1 * S1
-        q6_sc   5, 9, 21, 25
-        q6_sc   6, 10, 22, 26
-        q6_sc   7, 11, 23, 27
-        flt_rec
+        q6_fold 4, 8, 20, 24, 0
+        q6_fold 5, 9, 21, 25, 16
+        q6_fold 6, 10, 22, 26, 32
+        q6_fold 7, 11, 23, 27, 48
+        vbroadcastss (%rdx,%r11,4), %zmm28
+        q6_flt  0, 4, 0
+        q6_flt  32, 5, 1
+        q6_flt  64, 6, 2
+        q6_flt  96, 7, 3
         .endm
 
         .macro  q6_consts
         movrel  %rbx, q0_mv_avx512
         vpbroadcastd Q0_M0F(%rbx), %zmm12
         vpbroadcastd Q0_M30(%rbx), %zmm13
+        vpbroadcastd Q0_MF0(%rbx), %zmm14
+        vpbroadcastd Q0_M03(%rbx), %zmm15
         .endm
 
 /*
@@ -379,5 +423,5 @@ endfunc
         .endm
         .set    Q0_HI, 1
 function gpt2asm_matvec_q6_k_avx512vnni
-        mv_q0   1664, 5, q6_avx512vnni_blk, 1680, 1
+        mv_q0   1664, 5, q6_avx512vnni_blk, 1680, 1, 1
 endfunc
