@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 from .weights import aligned_empty
 
 QK = 32                                   # inputs per block
@@ -84,7 +84,7 @@ def tiled_shape(n_out: int, n_in: int, kind: str) -> tuple[int, int, int]:
 
 def _check_kind(kind) -> None:
     if kind not in KINDS:
-        raise InvalidArgumentError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        raise InvalidArgumentError(f"kind must be one of {', '.join(KINDS)}, got {shown(kind)}")
 
 
 def _as_matrix(w, what: str) -> np.ndarray:
