@@ -28,7 +28,7 @@ try:                                       # numpy turns one that lands inside i
 
     from .args import not_retired, sampling as check_sampling
     from .cpu import FAMILIES
-    from .errors import GPT2AsmError
+    from .errors import GPT2AsmError, shown
     from .lib import ARCH
     if signal.getsignal(signal.SIGINT) is _on_sigint:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -59,9 +59,9 @@ def positive_int(lo: int, hi: int):
         try:
             v = int(s, 10)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+            raise argparse.ArgumentTypeError(f"expected an integer, got {shown(s)}") from None
         if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"must be in {lo}..{hi}, got {v}")
+            raise argparse.ArgumentTypeError(f"must be in {lo}..{hi}, got {shown(v)}")
         return v
     return parse
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 
 MAX_SEED = (1 << 64) - 1
 MAX_TOP_K = 1 << 20
@@ -36,27 +36,27 @@ def not_retired(dtype) -> None:
     """InvalidArgumentError naming the successor if dtype (any case) is a retired weight dtype."""
     new = RETIRED_DTYPES.get(dtype.lower()) if isinstance(dtype, str) else None
     if new is not None:
-        raise InvalidArgumentError(f"dtype {dtype!r} was retired: use {new!r} ({_SUCCESSORS[new]})")
+        raise InvalidArgumentError(f"dtype {shown(dtype)} was retired: use {new!r} ({_SUCCESSORS[new]})")
 
 
 def integer(name: str, v, lo: int, hi: int | None = None) -> int:
     if isinstance(v, (bool, np.bool_)):
-        raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
+        raise InvalidArgumentError(f"{name} must be an integer, got {shown(v)}")
     try:
         v = operator.index(v)
     except TypeError:
-        raise InvalidArgumentError(f"{name} must be an integer, got {type(v).__name__} {v!r}") from None
+        raise InvalidArgumentError(f"{name} must be an integer, got {type(v).__name__} {shown(v)}") from None
     if v < lo or (hi is not None and v > hi):
-        raise InvalidArgumentError(f"{name} must be in {lo}..{hi if hi is not None else '∞'}, got {v}")
+        raise InvalidArgumentError(f"{name} must be in {lo}..{hi if hi is not None else '∞'}, got {shown(v)}")
     return v
 
 
 def number(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise InvalidArgumentError(f"{name} must be a number, got {type(v).__name__} {v!r}")
+        raise InvalidArgumentError(f"{name} must be a number, got {type(v).__name__} {shown(v)}")
     f = float(v)
     if not math.isfinite(f) or not (lo < f if lo_open else lo <= f) or f > hi:
-        raise InvalidArgumentError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+        raise InvalidArgumentError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {shown(v)}")
     return f
 
 
@@ -89,7 +89,7 @@ def tiny_value_rule(temperature: float, repetition_penalty: float) -> tuple[floa
     Logits up to 3e34 in magnitude stay finite after either division at the smallest accepted value."""
     if 0.0 < repetition_penalty < MIN_REPETITION_PENALTY:
         raise InvalidArgumentError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, 100] "
-                                   f"(1 = off), got {repetition_penalty!r}")
+                                   f"(1 = off), got {shown(repetition_penalty)}")
     return (0.0 if temperature < MIN_TEMPERATURE else temperature), repetition_penalty
 
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, shown
 from .safefs import MAX_JSON, read_text
 
 HEAD_DIM = 64            # the attention kernel is written for head_dim == 64 (true of every GPT-2 size)
@@ -56,7 +56,7 @@ class GPT2Config:
         for name in ("n_layer", "n_embd", "n_head", "n_ctx", "vocab_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
-                raise CheckpointError(f"config: {name} must be an integer, got {_short(v)}")
+                raise CheckpointError(f"config: {name} must be an integer, got {shown(v)}")
             if v <= 0:
                 raise CheckpointError(f"config: {name} must be positive, got {v}")
         if self.n_embd % self.n_head:
@@ -112,16 +112,16 @@ def _check_architecture(d: dict, source: str) -> None:
     problems = []
     mt = d.get("model_type")
     if mt is not None and mt != "gpt2":
-        problems.append(f"model_type is {_short(mt)}, not 'gpt2'")
+        problems.append(f"model_type is {shown(mt)}, not 'gpt2'")
     act = d.get("activation_function")
     if act is not None and not (isinstance(act, str) and act in _GELU_TANH):
-        problems.append(f"activation_function {_short(act)} is not supported (GPT-2 uses 'gelu_new')")
+        problems.append(f"activation_function {shown(act)} is not supported (GPT-2 uses 'gelu_new')")
     eps = d.get("layer_norm_epsilon")
     if eps is not None and not _is_eps(eps):
-        problems.append(f"layer_norm_epsilon {_short(eps)} is not supported (the engine uses 1e-5)")
+        problems.append(f"layer_norm_epsilon {shown(eps)} is not supported (the engine uses 1e-5)")
     n_inner, n_embd = d.get("n_inner"), d.get("n_embd", d.get("hidden_size"))
     if n_inner is not None and n_inner != (4 * n_embd if isinstance(n_embd, int) else None):
-        problems.append(f"n_inner {_short(n_inner)} is not supported (the MLP must be 4*n_embd wide)")
+        problems.append(f"n_inner {shown(n_inner)} is not supported (the MLP must be 4*n_embd wide)")
     if d.get("scale_attn_by_inverse_layer_idx"):
         problems.append("scale_attn_by_inverse_layer_idx=true is not supported")
     if d.get("scale_attn_weights") is False:
@@ -130,12 +130,6 @@ def _check_architecture(d: dict, source: str) -> None:
         problems.append("add_cross_attention=true is not supported")
     if problems:
         raise CheckpointError(f"{source}: " + "; ".join(problems))
-
-
-def _short(v, limit: int = 60) -> str:
-    """repr of a config value, cut short (a fuzzed file may hold anything, of any size)."""
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."
 
 
 def _is_eps(v) -> bool:

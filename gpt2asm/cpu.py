@@ -30,7 +30,7 @@ import os
 import sys
 from ctypes import c_uint32, c_uint64
 
-from .errors import InvalidArgumentError, KernelUnavailableError
+from .errors import InvalidArgumentError, KernelUnavailableError, shown
 from .lib import ARCH, bind, load_library
 
 # -s values per architecture: index and name, best last.
@@ -73,9 +73,9 @@ def choose_family(requested: str | int | None = None) -> str:
             raise InvalidArgumentError(f"-s {req}: choose 0..{len(names) - 1} ({', '.join(names)})")
         req = names[int(req)]
     if req not in names:
-        raise InvalidArgumentError(f"unknown kernel family {requested!r}: choose one of {', '.join(names)}")
+        raise InvalidArgumentError(f"unknown kernel family {shown(requested)}: choose one of {', '.join(names)}")
     if req not in have:
-        raise KernelUnavailableError(f"kernel family {req!r} is not supported by this CPU/OS "
+        raise KernelUnavailableError(f"kernel family {shown(req)} is not supported by this CPU/OS "
                                      f"(available: {', '.join(have) or 'none'})")
     return req
 

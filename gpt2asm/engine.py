@@ -35,7 +35,7 @@ import numpy as np
 from . import ggufload
 from .args import integer, not_retired, token_ids
 from .errors import (CheckpointError, ContextOverflowError, InvalidArgumentError, KernelUnavailableError,
-                     SessionBusyError, TokenizerError)
+                     SessionBusyError, TokenizerError, shown)
 from .files import find_model_dir, is_random_init
 from .kernels import Kernels
 from .model import Transformer
@@ -59,7 +59,7 @@ def _check_stop(stop) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {stop!r}")
+        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {shown(stop)}")
     return [s for s in stop if s]
 
 
@@ -112,10 +112,10 @@ def _check_kernels_for(dtype: str, kernels) -> None:
     without them (Kernels.has_q8_0 / has_q4_0 False: kernels.Q0_PLAN_FAMILIES) says so -- never another dtype."""
     if dtype in Q0_DTYPES and not getattr(kernels, f"has_{dtype}", False):
         raise KernelUnavailableError(
-            f"dtype {dtype!r} needs the integer kernels gpt2asm_quantize_q8_0 / gpt2asm_matvec_{dtype} / "
+            f"dtype {shown(dtype)} needs the integer kernels gpt2asm_quantize_q8_0 / gpt2asm_matvec_{dtype} / "
             f"gpt2asm_matmul_{dtype} and their plan jobs (docs/kernels.md), which this build does not have "
             f"yet for the kernel family {kernels.family!r}; run dtype 'f32' or 'f16' (the weights "
-            f"themselves load: gpt2asm.tilecache.load_weights_cached(path, {dtype!r}))")
+            f"themselves load: gpt2asm.tilecache.load_weights_cached(path, {shown(dtype)}))")
 
 
 class GPT2:
@@ -151,7 +151,7 @@ class GPT2:
         with the others -- half the bytes attention reads; logits close to an f32 cache's, not the same)."""
         not_retired(dtype)
         if dtype is not None and (not isinstance(dtype, str) or dtype.lower() not in DTYPES):
-            raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+            raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {shown(dtype)}")
         dtype = DTYPES[dtype.lower()] if dtype is not None else None
         threads = integer("threads", threads, 1, 256)
         gguf_file = ggufload.resolve(path_or_name)
@@ -567,12 +567,12 @@ class Session:
                 raise bad("malformed item")
             if want == "n":
                 if it.get("int") != n or isinstance(it.get("int"), bool):
-                    raise bad(f"position count {it.get('int')!r} does not match {n} tokens")
+                    raise bad(f"position count {shown(it.get('int'))} does not match {n} tokens")
                 out.append(n)
                 continue
             dt, shape, off, nb = it.get("dtype"), it.get("shape"), it.get("offset"), it.get("nbytes")
             if dt != kvt.str or shape != list(want):
-                raise bad(f"array {dt!r} {shape!r}, expected {kvt} {list(want)}")
+                raise bad(f"array {shown(dt)} {shown(shape)}, expected {kvt} {list(want)}")
             if type(off) is not int or type(nb) is not int or nb != math.prod(want) * kvt.itemsize \
                     or off != end - data_start:
                 raise bad("array offsets do not add up")

@@ -1,8 +1,27 @@
 """One exception family for everything a user can get wrong.
 
 Every error that bad input, a bad file or a bad flag can cause is a GPT2AsmError, so callers (and the
-CLI, which turns them into one line and exit status 2) can tell user errors from bugs.
+CLI, which turns them into one line and exit status 2) can tell user errors from bugs.  A bad value is
+quoted in a message by shown(): a bad argument or a damaged file may be of any size, a message is a line.
 """
+
+SHOWN_LIMIT = 100            # characters of a bad value an error message quotes
+_SIZED = {str: "characters", bytes: "bytes", bytearray: "bytes", list: "items", tuple: "items", dict: "items"}
+
+
+def shown(v, limit: int = SHOWN_LIMIT) -> str:
+    """repr(v) for an error message, at most `limit` characters of it; past that, the first `limit`, '...'
+    and the size of v: "'aaaa...'... (3000000 characters)", "[1, 1, ...... (500000 items)".  A long string
+    or list is cut before its repr is made; a value repr refuses (an int past Python's digit limit, a list
+    nested too deep) is named by its type."""
+    unit = next((u for t, u in _SIZED.items() if isinstance(v, t)), None)
+    try:
+        r = repr(v[:limit + 1] if unit and not isinstance(v, dict) else v)
+    except (ValueError, RecursionError):
+        r = f"<int of {v.bit_length()} bits>" if isinstance(v, int) else f"<{type(v).__name__}>"
+    if len(r) <= limit:
+        return r
+    return r[:limit] + "..." + (f" ({len(v)} {unit})" if unit else f" ({len(r)} characters)")
 
 
 class GPT2AsmError(Exception):
@@ -47,7 +66,7 @@ class ContextOverflowError(GPT2AsmError):
     def __init__(self, needed: int, available: int):
         self.needed = needed
         self.available = available
-        super().__init__(f"context overflow: {needed} tokens needed, the model holds {available}")
+        super().__init__(f"context overflow: {shown(needed)} tokens needed, the model holds {available}")
 
 
 class NonFiniteLogitsError(GPT2AsmError):

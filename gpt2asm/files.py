@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from . import hub
-from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError
+from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError, shown
 from .safefs import MAX_JSON, expand_user, os_error_text, read_text
 
 NEEDED = hub.NEEDED
@@ -46,7 +46,7 @@ def find_model_dir(model: str | os.PathLike | None = None, *, download: bool = T
     try:
         return _find_model_dir(model, download, progress)
     except OSError as e:
-        what = f"{os.fspath(model)[:200]!r}" if isinstance(model, (str, os.PathLike)) else "the model"
+        what = shown(os.fspath(model), 200) if isinstance(model, (str, os.PathLike)) else "the model"
         raise ModelNotFoundError(f"cannot use {what}: {os_error_text(e)}"
                                  + (f" ({e.filename!s:.200})" if e.filename else "")) from None
 
@@ -54,7 +54,7 @@ def find_model_dir(model: str | os.PathLike | None = None, *, download: bool = T
 def _find_model_dir(model, download: bool, progress: bool) -> Path:
     if model is not None:
         if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
-            raise InvalidArgumentError(f"model must be a directory, a file or a hub name, got {model!r}")
+            raise InvalidArgumentError(f"model must be a directory, a file or a hub name, got {shown(model)}")
         spec, src = os.fspath(model), "--model"
     elif os.environ.get("GPT2ASM_MODEL", "").strip():
         spec, src = os.environ["GPT2ASM_MODEL"], "$GPT2ASM_MODEL"

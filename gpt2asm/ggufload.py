@@ -57,7 +57,7 @@ import numpy as np
 from . import quant0
 from .args import not_retired
 from .config import GPT2Config
-from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, TokenizerError
+from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, TokenizerError, shown
 from .safefs import expand_user
 from .weights import (F16_OVERFLOW, MATRIX_DTYPES, Q0_DTYPES, TILE, Layer, Weights, _aligned_copy, pad_vector,
                       stat_regular_file, tile_head, tile_matrix)
@@ -106,11 +106,6 @@ def _vector_names(i: int) -> dict:
             "fc_b": (p + "ffn_up.bias", 4), "proj_b": (p + "ffn_down.bias", 1)}
 
 
-def _short(v, limit: int = 80) -> str:
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."
-
-
 class GGUFModel:
     """A validated GPT-2 GGUF: .config (GPT2Config), .types {name: GGUF type name}, tensor access."""
 
@@ -133,7 +128,7 @@ class GGUFModel:
             raise
         except Exception as e:                             # any damage: ValueError, KeyError, IndexError...
             raise CheckpointError(f"{p}: damaged or truncated GGUF ({type(e).__name__}: "
-                                  f"{_short(str(e), 200)})") from None
+                                  f"{shown(str(e), 200)})") from None
         if getattr(self.reader, "byte_order", "I") != "I":
             raise CheckpointError(f"{p}: a big-endian GGUF; only little-endian files are supported")
         self.tensors = {t.name: t for t in self.reader.tensors}
@@ -157,23 +152,23 @@ class GGUFModel:
         if v is None:
             raise CheckpointError(f"{self.path}: metadata {key!r} is missing")
         if isinstance(v, bool) or not isinstance(v, int):
-            raise CheckpointError(f"{self.path}: metadata {key!r} must be an integer, got {_short(v)}")
+            raise CheckpointError(f"{self.path}: metadata {key!r} must be an integer, got {shown(v)}")
         return v
 
     def _config(self) -> GPT2Config:
         arch = self.field("general.architecture")
         if arch != ARCH:
-            raise CheckpointError(f"{self.path}: general.architecture is {_short(arch)}, not {ARCH!r}: "
+            raise CheckpointError(f"{self.path}: general.architecture is {shown(arch)}, not {ARCH!r}: "
                                   f"only GPT-2 GGUFs can be run")
         n_layer, n_ctx = self._int("gpt2.block_count"), self._int("gpt2.context_length")
         n_embd, n_head = self._int("gpt2.embedding_length"), self._int("gpt2.attention.head_count")
         ff = self.field("gpt2.feed_forward_length")
         if ff is not None and ff != 4 * n_embd:
-            raise CheckpointError(f"{self.path}: gpt2.feed_forward_length is {_short(ff)}, GPT-2's is "
+            raise CheckpointError(f"{self.path}: gpt2.feed_forward_length is {shown(ff)}, GPT-2's is "
                                   f"4 * {n_embd}")
         eps = self.field("gpt2.attention.layer_norm_epsilon")
         if eps is not None and (not isinstance(eps, float) or not math.isclose(eps, _LN_EPS, rel_tol=1e-6)):
-            raise CheckpointError(f"{self.path}: gpt2.attention.layer_norm_epsilon is {_short(eps)}; the "
+            raise CheckpointError(f"{self.path}: gpt2.attention.layer_norm_epsilon is {shown(eps)}; the "
                                   f"LayerNorm kernel uses GPT-2's {_LN_EPS}")
         te = self.tensors.get("token_embd.weight")
         if te is None:
@@ -214,7 +209,7 @@ class GGUFModel:
         unknown = sorted(set(self.tensors) - set(want))
         if unknown:
             raise CheckpointError(f"{where}: unexpected tensor(s), not part of GPT-2: "
-                                  f"{', '.join(_short(n, 60) for n in unknown[:5])}")
+                                  f"{', '.join(shown(n, 60) for n in unknown[:5])}")
         for n, shape in want.items():
             t = self.tensors[n]
             got = tuple(int(x) for x in reversed(t.shape.tolist()))
@@ -333,7 +328,7 @@ class GGUFModel:
             dtype = self.file_dtype()
         not_retired(dtype)
         if not isinstance(dtype, str) or dtype not in MATRIX_DTYPES:
-            raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
+            raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {shown(dtype)}")
         cfg = self.config
         layers = []
         for i in range(cfg.n_layer):
@@ -360,7 +355,7 @@ class GGUFModel:
         where = f"{self.path} (tokenizer.ggml.*)"
         model = self.field("tokenizer.ggml.model")
         if model != "gpt2":
-            raise TokenizerError(f"{where}: tokenizer.ggml.model is {_short(model)}; only GPT-2's byte-level "
+            raise TokenizerError(f"{where}: tokenizer.ggml.model is {shown(model)}; only GPT-2's byte-level "
                                  f"BPE ('gpt2') is supported")
         try:
             tokens, merges = self.field("tokenizer.ggml.tokens"), self.field("tokenizer.ggml.merges")
@@ -377,20 +372,20 @@ class GGUFModel:
             seen = {}
             for i, t in enumerate(tokens):
                 if t in seen:
-                    raise TokenizerError(f"{where}: token {_short(t)} appears twice (ids {seen[t]} and {i})")
+                    raise TokenizerError(f"{where}: token {shown(t)} appears twice (ids {seen[t]} and {i})")
                 seen[t] = i
         lines = T._merge_lines("\n".join(merges) + ("\n" if merges else ""), Path(where), vocab)
         types = self.field("tokenizer.ggml.token_type")
         if types is not None and (not isinstance(types, list) or len(types) != len(tokens)):
             raise TokenizerError(f"{where}: tokenizer.ggml.token_type has "
-                                 f"{len(types) if isinstance(types, list) else _short(types)} entries for "
+                                 f"{len(types) if isinstance(types, list) else shown(types)} entries for "
                                  f"{len(tokens)} tokens")
         bos = self.field("tokenizer.ggml.bos_token_id")
         if bos is not None and (not isinstance(bos, int) or not 0 <= bos < len(tokens)):
-            raise TokenizerError(f"{where}: bos_token_id {_short(bos)} is not a token id")
+            raise TokenizerError(f"{where}: bos_token_id {shown(bos)} is not a token id")
         eos = self.field("tokenizer.ggml.eos_token_id")
         if eos is not None and eos != vocab[T.EOT]:
-            raise TokenizerError(f"{where}: eos_token_id is {_short(eos)}, but {T.EOT} has id {vocab[T.EOT]}")
+            raise TokenizerError(f"{where}: eos_token_id is {shown(eos)}, but {T.EOT} has id {vocab[T.EOT]}")
         return T.Tokenizer._from_parsed(vocab, lines, tokens)
 
 
@@ -588,7 +583,7 @@ def load_gguf(path, dtype: str | None = None, cache_dir=None):
     p = expand_user(path, "GGUF file")
     not_retired(dtype)
     if dtype is not None and (not isinstance(dtype, str) or dtype not in MATRIX_DTYPES):
-        raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {dtype!r}")
+        raise InvalidArgumentError(f"dtype must be one of {', '.join(MATRIX_DTYPES)}, got {shown(dtype)}")
     root = tc.cache_root(cache_dir)
     if root is None or not p.is_file():
         g = GGUFModel(p)                                  # (a missing file: the loader's error)

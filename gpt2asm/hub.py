@@ -40,7 +40,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DownloadError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError
+from .errors import DownloadError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError, shown
 from .safefs import MAX_JSON, expand_user, read_text
 
 FILES = ("model.safetensors", "vocab.json", "merges.txt", "config.json")
@@ -578,7 +578,7 @@ def resolve(name: str, *, download_ok: bool = True, progress: bool = True, pins:
     """A directory with the model files for a hub name: cached, or downloaded; else ModelNotFoundError."""
     repo = repo_id(name)
     if repo is None:
-        raise InvalidArgumentError(f"{name!r} is not a known hub model ({', '.join(MODELS)})")
+        raise InvalidArgumentError(f"{shown(name)} is not a known hub model ({', '.join(MODELS)})")
     found, looked = find_cached(repo, pins)
     if found is not None:
         return found
@@ -595,5 +595,5 @@ def resolve(name: str, *, download_ok: bool = True, progress: bool = True, pins:
         except ModelNotFoundError as e:                   # no hub, no package, no such repository
             why = str(e)
     raise ModelNotFoundError(
-        f"GPT-2 model {name!r} ({repo}) not found; looked in:\n" + "\n".join(looked)
+        f"GPT-2 model {shown(name)} ({repo}) not found; looked in:\n" + "\n".join(looked)
         + f"\nand {why}.\nNeeded: {', '.join(FILES)}.\n" + how_to_provide(repo, pins))

@@ -25,7 +25,7 @@ from ctypes import c_size_t, c_void_p
 import numpy as np
 
 from .cpu import choose_family
-from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
+from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError, shown
 from .kernels_api import CheckedOps
 from .lib import ARCH, bind, load_library
 from .plan import CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SPIN, CTX_YIELD, POOL_BYTES, Plan
@@ -131,7 +131,7 @@ class Kernels(CheckedOps):
 
     def __init__(self, family: str | int | None = None, threads: int = 1):
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 256:
-            raise InvalidArgumentError(f"threads must be an integer in 1..256, got {threads!r}")
+            raise InvalidArgumentError(f"threads must be an integer in 1..256, got {shown(threads)}")
         self.lib = load_library()
         self.family = self._choose(family)
         self.threads = threads

@@ -42,7 +42,7 @@ import threading
 import numpy as np
 
 from .args import integer, token_id, token_ids
-from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError
+from .errors import ContextOverflowError, InvalidArgumentError, KernelUnavailableError, shown
 from .kernels import Kernels
 from .plan import Plan
 from .quant0 import head_kind
@@ -64,7 +64,7 @@ class Transformer:
         if kv is None:
             kv = "f32" if weights.dtype == "f32" else "f16"
         if not isinstance(kv, str) or kv not in KV_DTYPES:
-            raise InvalidArgumentError(f"kv cache dtype must be one of {', '.join(KV_DTYPES)}, got {kv!r}")
+            raise InvalidArgumentError(f"kv cache dtype must be one of {', '.join(KV_DTYPES)}, got {shown(kv)}")
         self.kv = kv
         self._validate()
         self.n_tiles_head = -(-self.cfg.vocab_size // 64)

@@ -3,17 +3,24 @@
 The text (UTF-8; '-' = stdin) is tokenized whole and scored by scoring.token_logprobs_many: windows of
 n_ctx tokens every S tokens (default min(512, n_ctx // 2)), each scoring only the tokens the window
 before it did not (transformers' "Perplexity of fixed-length models").  A progress bar on stderr; at the
-end, on stdout: the perplexity, the tokens scored, and the tokens/s of the forward passes.
-Exit status: 0 done, 2 a user error (one line on stderr), 130 interrupted.
+end, on stdout: the perplexity, the tokens scored, and the tokens/s of the forward passes.  The text is
+held whole (its tokens too): at most MAX_TEXT bytes are read, and a text past that, or one the memory
+cannot hold, is refused in one line.
+Exit status: 0 done, 2 a user error (one line on stderr; a text too large included), 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 import time
 
 from .__main__ import DTYPE_LABELS, positive_int
-from .errors import GPT2AsmError
+from .errors import GPT2AsmError, InvalidArgumentError, shown
+from .safefs import os_error_text
+
+MAX_TEXT = 64 << 20         # bytes of text: ~16M tokens, hours of scoring; text and tokens take ~15x that
 
 
 class Progress:
@@ -37,6 +44,30 @@ class Progress:
         self.out.flush()
 
 
+def read_text(file: str, limit: int | None = None) -> str:
+    """The UTF-8 text of `file` ('-': stdin), read no further than limit (MAX_TEXT) + 1 bytes (a pipe or
+    /dev/zero may never end): InvalidArgumentError if it is unreadable, not UTF-8 or longer than the limit."""
+    limit = MAX_TEXT if limit is None else limit
+    what = "stdin" if file == "-" else shown(file, 200)
+    try:
+        if file == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(file, "rb") as f:
+                st = os.fstat(f.fileno())
+                if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+                    raise InvalidArgumentError(f"{what} is {st.st_size:,} bytes, more than the limit of "
+                                               f"{limit:,}")
+                raw = f.read(limit + 1)
+        if len(raw) > limit:
+            raise InvalidArgumentError(f"{what} is more than the limit of {limit:,} bytes")
+        return raw.decode("utf-8")
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read {what}: {os_error_text(e)}") from None
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"cannot read {what}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpt2asm.perplexity",
                                  description="Perplexity of a text file (sliding windows past n_ctx).")
@@ -54,11 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .engine import GPT2
         from .scoring import default_stride, perplexity, token_logprobs_many
-        try:
-            text = sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8").read()
-        except (OSError, UnicodeDecodeError) as e:
-            print(f"gpt2asm.perplexity: error: cannot read {args.file}: {e}", file=sys.stderr)
-            return 2
+        text = read_text(args.file)
         model = GPT2.load(args.model, dtype=args.dtype, isa=args.isa, threads=args.j,
                           download=not args.offline, progress=not args.quiet)
         ids = model.encode(text)
@@ -79,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ngpt2asm.perplexity: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print("gpt2asm.perplexity: error: out of memory: the text and its tokens are held whole; "
+              "try a shorter text", file=sys.stderr)
+        return 2
     except GPT2AsmError as e:
         print(f"gpt2asm.perplexity: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
               file=sys.stderr)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .args import integer, token_id
-from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
+from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError, shown
 from .plan_rows import RowJobs
 from .validate import (HEAD_DIM, Q0_QK, Q0_RECORD, Q0_UNIT, SIZE_MAX, TILE, addr, aligned_bytes, check, check_attention,
                        check_cache, check_matrix, check_q0_matrix, is_int)
@@ -196,7 +196,7 @@ class Plan(RowJobs):
         if argmax is not None:
             if not (is_int(argmax) and TILE * (n_tiles - 1) < argmax <= TILE * n_tiles < 1 << 31):
                 raise InvalidArgumentError(f"argmax: the outputs scanned must be in ({TILE * (n_tiles - 1)}, "
-                                           f"{TILE * n_tiles}], below 2^31; got {argmax!r}")
+                                           f"{TILE * n_tiles}], below 2^31; got {shown(argmax)}")
             if self.argmax_job is not None:
                 raise InvalidArgumentError("one argmax job per plan")
             flags |= EPI_ARGMAX
@@ -355,7 +355,7 @@ class Plan(RowJobs):
         self._built("run")
         jobs = range(self.n_jobs) if jobs is None else jobs
         if not (isinstance(jobs, range) and jobs.step == 1 and 0 <= jobs.start <= jobs.stop <= self.n_jobs):
-            raise InvalidArgumentError(f"run: jobs {jobs!r} outside 0..{self.n_jobs}")
+            raise InvalidArgumentError(f"run: jobs {shown(jobs)} outside 0..{self.n_jobs}")
         self._max = None                                # first_max() reads the slots
         self.k.execute(self.addr, jobs.start, jobs.stop)
 
@@ -377,9 +377,9 @@ class Plan(RowJobs):
         if self.rtab is not None:
             raise InvalidArgumentError("set_rows: a batched decode plan takes its rows from set_batch")
         if not (is_int(n_tok) and 1 <= n_tok <= self.max_rows):
-            raise InvalidArgumentError(f"rows per run must be in 1..{self.max_rows}, got {n_tok!r}")
+            raise InvalidArgumentError(f"rows per run must be in 1..{self.max_rows}, got {shown(n_tok)}")
         limit = self.max_pos if self.max_pos is not None else 1 << 62
         if not (is_int(pos) and 0 <= pos and pos + n_tok <= limit):
-            raise InvalidArgumentError(f"positions {pos!r} .. +{n_tok} outside 0..{limit - 1}")
+            raise InvalidArgumentError(f"positions {shown(pos)} .. +{n_tok} outside 0..{limit - 1}")
         self._step[_H["pos"]] = pos
         self._step[_H["n_tok"]] = n_tok

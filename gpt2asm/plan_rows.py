@@ -8,7 +8,7 @@ import numpy as np
 
 from . import plan_abi as _abi
 from .args import integer, token_id
-from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
+from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError, shown
 from .plan_abi import (EPI_GELU, EPI_RESID, FL_KV, FL_KV16, FL_Q0, FL_ROWS, KIND_BATTN, KIND_MATMUL,
                        KIND_ROWARGMAX, KIND_ROWATTN, KIND_ROWLN, KIND_ROWQUANT, PRO_EMBED, PRO_LN,
                        ROWATTN_ROWS, RT_SIZE)
@@ -165,9 +165,9 @@ class RowJobs:
         if self.rtab is not None:
             raise InvalidArgumentError("one row table per plan")
         if not (is_int(rows) and 1 <= rows <= 1 << 20):
-            raise InvalidArgumentError(f"rows must be in 1..{1 << 20}, got {rows!r}")
+            raise InvalidArgumentError(f"rows must be in 1..{1 << 20}, got {shown(rows)}")
         if not (isinstance(caches, tuple) and len(caches) == 3 and all(is_int(c) and c >= 1 for c in caches)):
-            raise InvalidArgumentError(f"caches: expected (n_layer, H, n_ctx), got {caches!r}")
+            raise InvalidArgumentError(f"caches: expected (n_layer, H, n_ctx), got {shown(caches)}")
         dtype = np.dtype(dtype)
         if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
             raise InvalidArgumentError(f"cache dtype {dtype}: expected float32 or float16")
@@ -185,7 +185,7 @@ class RowJobs:
             raise InvalidArgumentError("batch_attention: row_table() first")
         L, H, n_ctx, _ = self.cache_shape
         if not (is_int(layer) and 0 <= layer < L):
-            raise InvalidArgumentError(f"layer must be in 0..{L - 1}, got {layer!r}")
+            raise InvalidArgumentError(f"layer must be in 0..{L - 1}, got {shown(layer)}")
         f = dict(ldx=self._rows(qkv, "qkv", 3 * H * HEAD_DIM), ldy=self._rows(out, "out", H * HEAD_DIM, writable=True),
                  x=addr(qkv), y=addr(out), a3=n_ctx * HEAD_DIM)
         if np.may_share_memory(qkv, out):
@@ -200,7 +200,7 @@ class RowJobs:
         if self.rtab is None:
             raise InvalidArgumentError("rows_argmax: row_table() first")
         if not (is_int(n) and 1 <= n < 1 << 31):
-            raise InvalidArgumentError(f"rows_argmax: n must be in 1..2^31-1, got {n!r}")
+            raise InvalidArgumentError(f"rows_argmax: n must be in 1..2^31-1, got {shown(n)}")
         f = dict(ldx=self._rows(x, "x", int(n)), x=addr(x), n_in=int(n))
         return self._add(KIND_ROWARGMAX, FL_ROWS, 1, chunk, f)
 

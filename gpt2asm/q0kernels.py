@@ -13,7 +13,7 @@ from ctypes import c_size_t, c_void_p
 import numpy as np
 
 from .cpu import choose_family, cpuid
-from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError
+from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError, shown
 from .lib import ARCH, load_library
 from .validate import Q0_RECORD as RECORD, Q0_UNIT, TILE, addr, check, is_int as _is_int
 
@@ -47,7 +47,7 @@ def q0_variant(family: str, plain: bool | None = None) -> str:
     one (plain=True, or $GPT2ASM_Q0_PLAIN=1, forces the plain one).  The avx512 variants need AVX512BW
     too; an avx512 family without it uses the avx2 family's variant."""
     if family not in Q0_VARIANTS:
-        raise KernelUnavailableError(f"no q8_0 / q4_0 kernels for the {family!r} family yet")
+        raise KernelUnavailableError(f"no q8_0 / q4_0 kernels for the {shown(family)} family yet")
     if plain is None:
         plain = os.environ.get("GPT2ASM_Q0_PLAIN", "") not in ("", "0")
     f = q0_features()
@@ -124,7 +124,7 @@ class Q0Kernels:
     def _n_in(n_in) -> int:
         if isinstance(n_in, bool) or not isinstance(n_in, (int, np.integer)) or not (
                 0 < n_in <= Q0_MAX_IN and n_in % Q0_QK == 0):
-            raise InvalidArgumentError(f"n_in must be a multiple of {Q0_QK} in {Q0_QK}..{Q0_MAX_IN}, got {n_in!r}")
+            raise InvalidArgumentError(f"n_in must be a multiple of {Q0_QK} in {Q0_QK}..{Q0_MAX_IN}, got {shown(n_in)}")
         return int(n_in)
 
     def quantize(self, x: np.ndarray, xq: np.ndarray | None = None, xd: np.ndarray | None = None):
@@ -149,7 +149,7 @@ class Q0Kernels:
     def _weights(self, kind, w, n_in: int, b, tile_begin, tile_end) -> tuple[int, int, int | None, int, int]:
         """Validate the tiled records w and the bias: (n_tiles, w address, b address or None, tb, te)."""
         if kind not in Q0_RECORD:
-            raise InvalidArgumentError(f"kind must be one of {', '.join(Q0_RECORD)}, got {kind!r}")
+            raise InvalidArgumentError(f"kind must be one of {', '.join(Q0_RECORD)}, got {shown(kind)}")
         if n_in % Q0_UNIT[kind]:
             raise InvalidArgumentError(f"{kind}: n_in must be a multiple of {Q0_UNIT[kind]}, got {n_in}")
         per_tile = n_in // Q0_UNIT[kind] * Q0_RECORD[kind]
@@ -162,7 +162,7 @@ class Q0Kernels:
         te = nt if tile_end is None else tile_end
         for v, name in ((tile_begin, "tile_begin"), (te, "tile_end")):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
+                raise InvalidArgumentError(f"{name} must be an integer, got {shown(v)}")
         if not 0 <= tile_begin <= te <= nt:
             raise InvalidArgumentError(f"tile range [{tile_begin}, {te}) not within 0..{nt}")
         return nt, pw, pb, int(tile_begin), int(te)
@@ -252,13 +252,13 @@ class ArmQ0:
     @staticmethod
     def _n_in(n_in) -> int:
         if not (_is_int(n_in) and 0 < n_in < 1 << 40 and n_in % Q0_BLOCK == 0):
-            raise InvalidArgumentError(f"n_in must be a positive multiple of {Q0_BLOCK}, got {n_in!r}")
+            raise InvalidArgumentError(f"n_in must be a positive multiple of {Q0_BLOCK}, got {shown(n_in)}")
         return int(n_in)
 
     def _weights(self, kind: str, w, n_in: int) -> int:
         """Validate tiled records for n_in inputs: n_tiles."""
         if kind not in Q0_RECORD:
-            raise InvalidArgumentError(f"unknown integer weight type {kind!r}")
+            raise InvalidArgumentError(f"unknown integer weight type {shown(kind)}")
         if n_in % Q0_UNIT[kind]:
             raise InvalidArgumentError(f"{kind}: n_in must be a multiple of {Q0_UNIT[kind]}, got {n_in}")
         check(w, "w", np.uint8, aligned=True)

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 from .weights import aligned_empty
 
 QK = 32                                   # inputs per block
@@ -126,7 +126,7 @@ def tile_bytes(n_in: int, kind: str) -> int:
 
 def _check_kind(kind, kinds=KINDS) -> None:
     if kind not in kinds:
-        raise InvalidArgumentError(f"kind must be one of {', '.join(kinds)}, got {kind!r}")
+        raise InvalidArgumentError(f"kind must be one of {', '.join(kinds)}, got {shown(kind)}")
 
 
 def _as_matrix(w, what: str) -> np.ndarray:

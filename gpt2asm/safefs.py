@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import GPT2AsmError, InvalidArgumentError
+from .errors import GPT2AsmError, InvalidArgumentError, shown
 
 MAX_JSON = 16 << 20              # config.json, pins, verified.json: a real one is a few KiB
 MAX_TOKENIZER = 64 << 20         # vocab.json (1 MB for GPT-2) and merges.txt (456 KB)
@@ -27,13 +27,13 @@ def expand_user(p: str | os.PathLike, what: str) -> Path:
     if isinstance(s, bytes):
         s = os.fsdecode(s)
     if "\0" in s:                                  # no file has one: os.stat would raise ValueError
-        raise InvalidArgumentError(f"{what} {s[:200]!r}: a path cannot contain a NUL character")
+        raise InvalidArgumentError(f"{what} {shown(s, 200)}: a path cannot contain a NUL character")
     if not s.startswith("~"):
         return Path(s)
     out = os.path.expanduser(s)
     if out.startswith("~"):                        # os.path.expanduser leaves what it cannot expand
         user = s[1:].split(os.sep, 1)[0]
-        raise InvalidArgumentError(f"{what} {s[:200]!r}: cannot expand '~{user}' "
+        raise InvalidArgumentError(f"{what} {shown(s, 200)}: cannot expand '~{user}' "
                                    f"({'no such user' if user else 'no home directory'})")
     return Path(out)
 

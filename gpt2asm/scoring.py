@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 
 DEFAULT_STRIDE = 512
 
@@ -60,7 +60,7 @@ def token_logprobs_many(gpt2, texts, stride: int | None = None,
     n_ctx = gpt2.config.n_ctx
     stride = default_stride(n_ctx) if stride is None else stride
     if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or not 1 <= stride <= n_ctx:
-        raise InvalidArgumentError(f"stride must be an integer in 1..{n_ctx}, got {stride!r}")
+        raise InvalidArgumentError(f"stride must be an integer in 1..{n_ctx}, got {shown(stride)}")
     if isinstance(texts, (str, bytes)) or not isinstance(texts, (list, tuple)):
         raise InvalidArgumentError("logprobs() takes a list of texts or of token id lists")
     id_lists = [gpt2.encode(t) if isinstance(t, str) else gpt2.check_ids(t) for t in texts]

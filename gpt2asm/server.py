@@ -8,7 +8,7 @@ model is driven by one scheduler.Scheduler thread (continuous batching: each req
 of GPT2.generate run alone).  Endpoints:
 
     POST /v1/completions   prompt (string, list of strings, token ids or lists of them), max_tokens (16),
-                           temperature (1), top_p (1), top_k (0 = off; -1 too), n (1), stop, seed,
+                           temperature (1), top_p (1), top_k (0 = off; -1 too, not -1.0), n (1), stop, seed,
                            stream (SSE, ends with `data: [DONE]`), logprobs (0..20), echo, repetition_penalty;
                            usage.  Choice j = i * n + k is sample k of prompt i; with seed s it samples with
                            seed s + j (batch.py), so GPT2.generate(prompt_i, seed=s + j) reproduces it.
@@ -43,7 +43,9 @@ import time
 import uuid
 
 from .args import integer, sampling as check_sampling
-from .errors import ContextOverflowError, GPT2AsmError, InvalidArgumentError, NonFiniteLogitsError
+from .errors import (ContextOverflowError, GPT2AsmError, InvalidArgumentError, NonFiniteLogitsError,
+                     SHOWN_LIMIT, shown)
+from .validate import is_int
 
 log = logging.getLogger("gpt2asm.server")
 
@@ -92,7 +94,7 @@ def _arg(body: dict, name: str, default, check):
 def _bool(name):
     def check(v):
         if not isinstance(v, bool):
-            raise InvalidArgumentError(f"{name} must be true or false, got {v!r}")
+            raise InvalidArgumentError(f"{name} must be true or false, got {shown(v)}")
         return v
     return check
 
@@ -105,9 +107,10 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
         raise APIError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - FIELDS)
     if unknown:
-        raise APIError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
+        raise APIError(400, f"unsupported parameter(s): {shown(', '.join(unknown))}",
+                       param=unknown[0][:SHOWN_LIMIT])
     if "model" in body and body["model"] not in (None, model_id):
-        raise APIError(404, f"the model {body['model']!r} does not exist; this server serves {model_id!r}",
+        raise APIError(404, f"the model {shown(body['model'])} does not exist; this server serves {model_id!r}",
                        param="model", code="model_not_found")
     for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("suffix", None)):
         if body.get(name) not in (None, neutral):
@@ -144,8 +147,8 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
         v = body.get(name, default)
         if v is None:
             v = default
-        if name == "top_k" and top_k == -1:
-            v = 0                                                  # vLLM's "off"
+        if name == "top_k" and is_int(top_k) and top_k == -1:
+            v = 0                                                  # vLLM's "off" (an integer: -1.0 is refused)
         try:
             check_sampling(**{name: v})
         except GPT2AsmError as e:

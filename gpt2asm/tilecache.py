@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from . import weights as W
-from .errors import CheckpointError, GPT2AsmError
+from .errors import CheckpointError, GPT2AsmError, shown
 from .safefs import MAX_JSON, expand_user, read_bytes
 from .tilelayout import (LAYOUTS, Layout, q0_assemble, q0_expected, register_layout,  # noqa: F401
                          tiled_assemble, tiled_expected, tiled_stored)
@@ -273,12 +273,12 @@ def _check_table(table: list, expected: dict, extra_dtypes: tuple, data_off: int
             if a_dt != dt or shape != list(want):
                 raise CacheMiss(f"{name}: {a.get('dtype')} {shape}, expected {dt.str} {list(want)}")
         elif a_dt.str not in extra_dtypes:
-            raise CacheMiss(f"unexpected array {name!r} ({a.get('dtype')})")
+            raise CacheMiss(f"unexpected array {shown(name)} ({a.get('dtype')})")
         if not a_dt.isnative or a_dt.hasobject:
             raise CacheMiss(f"{name}: dtype {a_dt.str} is not a native numeric type")
         if not (isinstance(shape, list) and 1 <= len(shape) <= 4
                 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise CacheMiss(f"{name}: bad shape {shape!r}")
+            raise CacheMiss(f"{name}: bad shape {shown(shape)}")
         off, nb = a.get("offset"), a.get("nbytes")
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in (off, nb)):
             raise CacheMiss(f"{name}: bad offset/size")

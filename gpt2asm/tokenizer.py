@@ -33,7 +33,7 @@ from pathlib import Path
 import regex
 
 from . import safefs, tilecache
-from .errors import InvalidArgumentError, TokenizerError
+from .errors import InvalidArgumentError, TokenizerError, shown
 
 EOT = "<|endoftext|>"
 
@@ -83,17 +83,11 @@ def _read_text(path: Path, what: str) -> str:
     return _decode_text(_read_bytes(path, what), path, what)
 
 
-def _short(v, limit: int = 80) -> str:
-    """repr of a value cut short: a damaged file may hold anything, of any size."""
-    r = v if isinstance(v, str) and limit > 80 else repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."
-
-
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     d = {}
     for k, v in pairs:
         if k in d:
-            raise ValueError(f"duplicate key {_short(k)}")
+            raise ValueError(f"duplicate key {shown(k)}")
         d[k] = v
     return d
 
@@ -115,7 +109,7 @@ def _parse_vocab(text: str, path: Path) -> dict[str, int]:
     try:
         pairs = json.loads(text, object_pairs_hook=_Pairs)
     except (ValueError, RecursionError) as e:        # JSONDecodeError, integers too long, deep nesting
-        raise TokenizerError(f"vocab file {path} is not valid JSON: {_short(str(e), 200)}") from None
+        raise TokenizerError(f"vocab file {path} is not valid JSON: {shown(str(e), 200)}") from None
     if type(pairs) is _Pairs:
         vocab = dict(pairs)
         if len(vocab) == len(pairs) and _vocab_ok(vocab):
@@ -141,19 +135,19 @@ def _check_vocab(text: str, path: Path) -> dict[str, int]:
     try:
         vocab = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except (ValueError, RecursionError) as e:        # JSONDecodeError, duplicate keys, deep nesting
-        raise TokenizerError(f"vocab file {path} is not valid JSON: {_short(str(e), 200)}") from None
+        raise TokenizerError(f"vocab file {path} is not valid JSON: {shown(str(e), 200)}") from None
     if not isinstance(vocab, dict) or not vocab:
         raise TokenizerError(f"vocab file {path} must hold a non-empty JSON object token -> id")
     seen: dict[int, str] = {}
     for tok, i in vocab.items():
         if type(i) is not int:
-            raise TokenizerError(f"vocab file {path}: id of {_short(tok)} is {_short(i)}, not an integer")
+            raise TokenizerError(f"vocab file {path}: id of {shown(tok)} is {shown(i)}, not an integer")
         if i in seen:
-            raise TokenizerError(f"vocab file {path}: id {i} is used by both {_short(seen[i])} and {_short(tok)}")
+            raise TokenizerError(f"vocab file {path}: id {i} is used by both {shown(seen[i])} and {shown(tok)}")
         if not 0 <= i < len(vocab):
-            raise TokenizerError(f"vocab file {path}: id {_short(i)} of {_short(tok)} is outside 0..{len(vocab) - 1}")
+            raise TokenizerError(f"vocab file {path}: id {shown(i)} of {shown(tok)} is outside 0..{len(vocab) - 1}")
         if not tok or any(c not in BYTE_DECODER for c in tok):
-            raise TokenizerError(f"vocab file {path}: token {_short(tok)} is not a byte-level BPE token")
+            raise TokenizerError(f"vocab file {path}: token {shown(tok)} is not a byte-level BPE token")
         seen[i] = tok
     missing = [b for b in range(256) if BYTE_ENCODER[b] not in vocab]
     if missing:
@@ -198,10 +192,10 @@ def _check_merges(lines: list[str], path: Path, vocab: dict[str, int]) -> list[s
             continue
         parts = line.split(" ")
         if len(parts) != 2 or not parts[0] or not parts[1]:
-            raise TokenizerError(f"merges file {path}, line {lineno}: expected 'left right', got {_short(line)}")
+            raise TokenizerError(f"merges file {path}, line {lineno}: expected 'left right', got {shown(line)}")
         for tok in (parts[0], parts[1], parts[0] + parts[1]):
             if tok not in vocab:
-                raise TokenizerError(f"merges file {path}, line {lineno}: {_short(tok)} is not in the vocab")
+                raise TokenizerError(f"merges file {path}, line {lineno}: {shown(tok)} is not in the vocab")
         merges.append(parts[0] + " " + parts[1])
     return merges
 
@@ -347,7 +341,7 @@ class Tokenizer:
         lines = []
         for a, b in merges:
             if " " in a or " " in b:                                # (no byte-level token holds U+0020)
-                raise TokenizerError(f"merge ({_short(a)}, {_short(b)}): a token cannot contain a space")
+                raise TokenizerError(f"merge ({shown(a)}, {shown(b)}): a token cannot contain a space")
             lines.append(a + " " + b)
         self._setup(vocab, lines)
 
@@ -489,13 +483,13 @@ class Tokenizer:
     def _check_id(self, i) -> int:
         if type(i) is not int:
             if isinstance(i, bool):
-                raise InvalidArgumentError(f"token id must be an integer, got {i!r}")
+                raise InvalidArgumentError(f"token id must be an integer, got {shown(i)}")
             try:
                 i = operator.index(i)  # numpy integers etc.
             except TypeError:
-                raise InvalidArgumentError(f"token id must be an integer, got {type(i).__name__} {i!r}") from None
+                raise InvalidArgumentError(f"token id must be an integer, got {type(i).__name__} {shown(i)}") from None
         if not 0 <= i < self.vocab_size:
-            raise InvalidArgumentError(f"token id {i} is outside [0, {self.vocab_size})")
+            raise InvalidArgumentError(f"token id {shown(i)} is outside [0, {self.vocab_size})")
         return i
 
     def token_bytes(self, id) -> bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 
 ALIGN = 64
 TILE = 64
@@ -64,7 +64,7 @@ def check_attention(q, k, v, n_pos) -> tuple[int, int]:
     H, n_ctx = check_cache(k, v)
     check(q, "q", np.float32, H * HEAD_DIM)
     if not (is_int(n_pos) and 1 <= n_pos <= n_ctx):
-        raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {n_pos!r}")
+        raise InvalidArgumentError(f"n_pos must be in 1..{n_ctx}, got {shown(n_pos)}")
     return H, n_ctx
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from .args import not_retired
 from .config import GPT2Config, infer_config
-from .errors import CheckpointError, InvalidArgumentError, ModelNotFoundError
+from .errors import CheckpointError, InvalidArgumentError, ModelNotFoundError, shown
 
 ALIGN = 64                       # bytes; every array handed to the engine starts on a 64-byte boundary
 TILE = 64                        # outputs per tile of a tiled matrix
@@ -90,7 +90,7 @@ def _engine_dtype(dtype) -> np.dtype:
         except TypeError:
             dt = None
     if dt not in _FLOAT_TILES:
-        raise InvalidArgumentError(f"matrix dtype must be float32/'f32' or float16/'f16', got {dtype!r}")
+        raise InvalidArgumentError(f"matrix dtype must be float32/'f32' or float16/'f16', got {shown(dtype)}")
     return dt
 
 
@@ -184,12 +184,6 @@ def _no_duplicates(pairs):
     return seen
 
 
-def _short(v, limit: int = 80) -> str:
-    """repr of a header value cut short: a damaged header may hold anything, of any size."""
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."
-
-
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -249,16 +243,16 @@ class SafetensorsFile:
         try:
             header = json.loads(text, object_pairs_hook=_no_duplicates)
         except _DuplicateKey as e:
-            raise CheckpointError(f"{p}: duplicate tensor name {_short(e.args[0])} in the header") from None
+            raise CheckpointError(f"{p}: duplicate tensor name {shown(e.args[0])} in the header") from None
         except (ValueError, RecursionError) as e:   # JSONDecodeError, integers too long, nesting too deep
-            raise CheckpointError(f"{p}: header is not valid JSON ({type(e).__name__}: {_short(str(e), 200)}); "
+            raise CheckpointError(f"{p}: header is not valid JSON ({type(e).__name__}: {shown(str(e), 200)}); "
                                   f"not a safetensors file?") from None
         if not isinstance(header, dict):
             raise CheckpointError(f"{p}: header must be a JSON object, got {type(header).__name__}")
         return header
 
     def _parse_entry(self, name: str, info) -> TensorEntry:
-        where = f"{self.path}: tensor {_short(name)}"
+        where = f"{self.path}: tensor {shown(name)}"
         if not isinstance(info, dict):
             raise CheckpointError(f"{where}: header entry must be an object, got {type(info).__name__}")
         missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
@@ -266,12 +260,12 @@ class SafetensorsFile:
             raise CheckpointError(f"{where}: header entry lacks {', '.join(missing)}")
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
-            raise CheckpointError(f"{where}: unknown dtype {_short(dtype)}")
+            raise CheckpointError(f"{where}: unknown dtype {shown(dtype)}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {_short(shape)}")
+            raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shown(shape)}")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(_is_int(o) and o >= 0 for o in offsets)):
-            raise CheckpointError(f"{where}: data_offsets must be two non-negative integers, got {_short(offsets)}")
+            raise CheckpointError(f"{where}: data_offsets must be two non-negative integers, got {shown(offsets)}")
         begin, end = offsets
         if end < begin:
             raise CheckpointError(f"{where}: data_offsets end {end} < begin {begin}")
@@ -288,13 +282,13 @@ class SafetensorsFile:
         spans = sorted((e.begin, e.end, e.name) for e in self.entries.values() if e.end > e.begin)
         for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
             if b1 < e0:
-                raise CheckpointError(f"{self.path}: tensors {_short(n0)} [{b0}, {e0}] and {_short(n1)} [{b1}, {e1}] overlap")
+                raise CheckpointError(f"{self.path}: tensors {shown(n0)} [{b0}, {e0}] and {shown(n1)} [{b1}, {e1}] overlap")
 
     def raw(self, name: str) -> np.ndarray:
         """Zero-copy read-only view of a F32/F16/BF16 tensor (BF16 as uint16 bits) in its stored shape."""
         e = self.entries[name]
         if e.dtype not in _NUMPY_DTYPE:
-            raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {e.dtype}; only F32, F16 and BF16 "
+            raise CheckpointError(f"{self.path}: tensor {shown(name)} has dtype {e.dtype}; only F32, F16 and BF16 "
                                   f"are supported")
         dt = np.dtype(_NUMPY_DTYPE[e.dtype])
         a = np.frombuffer(self._mm, dtype=dt, count=(e.end - e.begin) // dt.itemsize,
@@ -404,8 +398,8 @@ class _Loader:
         for stored in self.st.entries:
             bare = stored[len("transformer."):] if stored.startswith("transformer.") else stored
             if bare in names:
-                raise CheckpointError(f"{self.where}: tensor {_short(bare)} is stored twice "
-                                      f"(as {_short(names[bare])} and {_short(stored)})")
+                raise CheckpointError(f"{self.where}: tensor {shown(bare)} is stored twice "
+                                      f"(as {shown(names[bare])} and {shown(stored)})")
             names[bare] = stored
         return names
 
@@ -469,14 +463,14 @@ class _Loader:
         if not (math.isfinite(lo) and math.isfinite(hi)):
             self._non_finite(name, raw)
         if f16_target and max(-lo, hi) >= F16_OVERFLOW:
-            raise CheckpointError(f"{self.where}: tensor {name!r} has values up to {max(-lo, hi):.6g}, beyond "
+            raise CheckpointError(f"{self.where}: tensor {shown(name)} has values up to {max(-lo, hi):.6g}, beyond "
                                   f"float16's range (max {F16_MAX:g}); load it with dtype='f32'")
         return raw
 
     def _non_finite(self, name: str, a: np.ndarray):
         bad = ~np.isfinite(a)
         first = [int(i) for i in np.argwhere(bad)[0]]
-        raise CheckpointError(f"{self.where}: tensor {name!r} has {int(bad.sum())} non-finite value(s) "
+        raise CheckpointError(f"{self.where}: tensor {shown(name)} has {int(bad.sum())} non-finite value(s) "
                               f"(NaN/inf), e.g. at index {first}")
 
     def vector(self, bare: str) -> np.ndarray:
@@ -501,7 +495,7 @@ class _Loader:
 
     def _q0(self, fn, w, kind: str, bare: str):
         try:
-            return fn(w, kind, what=f"tensor {self.names[bare]!r}")
+            return fn(w, kind, what=f"tensor {shown(self.names[bare])}")
         except InvalidArgumentError as e:               # weights beyond the block scale's float16 range
             raise CheckpointError(f"{self.where}: {e}") from None
 
@@ -531,7 +525,7 @@ def load_weights(path, dtype: str = "f32") -> Weights:
     """
     not_retired(dtype)
     if not isinstance(dtype, str) or dtype not in MATRIX_DTYPES:
-        raise InvalidArgumentError(f"dtype must be 'f32', 'f16', 'q8_0' or 'q4_0', got {dtype!r}")
+        raise InvalidArgumentError(f"dtype must be 'f32', 'f16', 'q8_0' or 'q4_0', got {shown(dtype)}")
     dt = np.dtype(MATRIX_DTYPES[dtype])
     half = dt == np.float16
     file, config_path = _resolve(path)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from conftest import checkpoint
-from gpt2asm import (GPT2, CheckpointError, InvalidArgumentError, ModelNotFoundError, NonFiniteLogitsError,
-                     TokenizerError)
+from gpt2asm import (GPT2, CheckpointError, ContextOverflowError, InvalidArgumentError, ModelNotFoundError,
+                     NonFiniteLogitsError, TokenizerError)
 
 ROOT = Path(__file__).resolve().parent.parent
 STATS = re.compile(r"^\[gpt2asm\] (\d+) prompt \+ (\d+) generated tokens, [\d.]+ tok/s \((\w+), (fp32|fp16), -j (\d+)")
@@ -219,7 +219,7 @@ def m(micro):
     return GPT2.load(micro)
 
 
-@pytest.mark.parametrize("ids", [[-1], [50257], [10 ** 12], [1.0], ["3"], [True], [None], "abc", b"ab", 7,
+@pytest.mark.parametrize("ids", [[-1], [50257], [10 ** 12], [10 ** 5000], [1.0], ["3"], [True], [None], "abc", b"ab", 7,
                                  np.array([[1, 2]]), [np.float32(3)]])
 def test_token_ids_out_of_range_or_wrong_kind(m, ids):
     with pytest.raises(InvalidArgumentError):
@@ -243,6 +243,68 @@ def test_empty_prompt_starts_from_endoftext(m, micro):
     l1, l2 = r.stdout.splitlines()
     assert l1 == "50256"
     assert [int(x) for x in l2.split()] == list(m.generate_ids([], 4, temperature=0))
+
+
+def test_error_messages_quote_bad_values_briefly(m):
+    """A bad argument of any size is quoted by errors.shown: its first 100 characters, '...' and its size --
+    never megabytes of message (nor repr's ValueError for an int past Python's digit limit)."""
+    huge = "x" * (3 << 20)
+    calls = [lambda: m.generate("Hi", max_new_tokens=1, stop=["a"] * 1_000_000 + [1]),
+             lambda: m.generate("Hi", max_new_tokens=1, stop=(huge, 1)),
+             lambda: m.generate("Hi", max_new_tokens=1, temperature=huge),
+             lambda: m.generate("Hi", max_new_tokens=huge),
+             lambda: m.generate_ids([10 ** 5000], 1),
+             lambda: m.decode([huge]),
+             lambda: m.logprobs(["Hi there"], stride=huge),
+             lambda: GPT2.load(m.model_dir, dtype=huge)]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError) as e:
+            call()
+        assert len(str(e.value)) < 400, str(e.value)[:400]
+    with pytest.raises(ContextOverflowError, match="<int of 16610 bits> tokens needed"):
+        m.generate("Hi", max_new_tokens=10 ** 5000)
+    assert "... (1000001 items)" in str(pytest.raises(InvalidArgumentError, calls[0]).value)
+    assert "... (3145728 characters)" in str(pytest.raises(InvalidArgumentError, calls[2]).value)
+
+
+def test_shown():
+    from gpt2asm.errors import shown
+    assert shown("abc") == "'abc'" and shown(-1.0) == "-1.0" and shown([1, 2]) == "[1, 2]"
+    assert shown("a" * 1000) == "'" + "a" * 99 + "... (1000 characters)"
+    assert shown(list(range(10 ** 6))).endswith("... (1000000 items)") and len(shown(list(range(10 ** 6)))) < 130
+    assert shown(b"\0" * 500, 10) == "b'\\x00\\x00... (500 bytes)"
+    assert shown(10 ** 5000) == "<int of 16610 bits>"
+    nested: list = []
+    for _ in range(100_000):
+        nested = [nested]
+    assert shown(nested) == "<list>"
+
+
+def test_perplexity_tool_refuses_a_text_too_large(micro, tmp_path, monkeypatch, capsys):
+    """A text past MAX_TEXT bytes (here 1000) is refused before the model loads, whether a file, stdin or a
+    device that never ends; one the memory cannot hold ends in one line too: exit status 2, never a
+    MemoryError traceback."""
+    import io
+
+    from gpt2asm import perplexity
+    monkeypatch.setattr(perplexity, "MAX_TEXT", 1000)
+    f = tmp_path / "big.txt"
+    f.write_text("Hello world. " * 100)
+    sources = [(str(f), None), ("/dev/zero", None), ("-", io.TextIOWrapper(io.BytesIO(b"Hi there. " * 101)))]
+    for file, stdin in sources:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", stdin)
+        assert perplexity.main(["--model", str(micro), "-q", file]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "more than the limit of 1,000" in err and "Traceback" not in err, err
+    f.write_text("Hello world. " * 50)
+
+    def no_memory(self, text):
+        raise MemoryError
+    monkeypatch.setattr(GPT2, "encode", no_memory)
+    assert perplexity.main(["--model", str(micro), "-q", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "out of memory" in err, err
 
 
 # -- flags ------------------------------------------------------------------------------------------------

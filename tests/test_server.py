@@ -196,7 +196,8 @@ def err(status_body, status, param=None, code=None):
 def test_errors(srv, ref):
     u = srv.url + "/v1/completions"
     for bad, param in ((dict(temperature=-1), "temperature"), (dict(temperature="hot"), "temperature"),
-                       (dict(top_p=0), "top_p"), (dict(top_k=1.5), "top_k"), (dict(n=0), "n"), (dict(n=True), "n"),
+                       (dict(top_p=0), "top_p"), (dict(top_k=1.5), "top_k"), (dict(top_k=-1.0), "top_k"),
+                       (dict(top_k=40.0), "top_k"), (dict(n=0), "n"), (dict(n=True), "n"),
                        (dict(max_tokens=-1), "max_tokens"), (dict(seed=-5), "seed"), (dict(stop=[1]), "stop"),
                        (dict(stream="yes"), "stream"), (dict(echo=1), "echo"), (dict(logprobs=99), "logprobs"),
                        (dict(prompt=[[1], "a"]), "prompt"), (dict(prompt=[10 ** 9]), "prompt"),
@@ -215,6 +216,25 @@ def test_errors(srv, ref):
     with pytest.raises(openai.BadRequestError):
         srv.client().completions.create(model="tiny", prompt="Hi", temperature=7000)
 
+
+
+def test_errors_quote_bad_values_briefly(srv):
+    """A multi-megabyte bad value (within MAX_BODY) is quoted in the JSON error by its first 100 characters,
+    '...' and its size; top_k -1 (an integer) is still vLLM's "off"."""
+    u = srv.url + "/v1/completions"
+    huge = "x" * (3 << 20)
+    for bad, param, status in ((dict(stop=["a"] * 500_000 + [1]), "stop", 400), (dict(top_k=huge), "top_k", 400),
+                               (dict(temperature=huge), "temperature", 400), (dict(echo=huge), "echo", 400),
+                               (dict(model=huge), "model", 404), (dict(prompt=[huge, 1]), "prompt", 400)):
+        st, body = http(u, {"prompt": "Hi", "max_tokens": 1, **bad})
+        err((st, body), status, param)
+        assert len(json.dumps(body)) < 600, json.dumps(body)[:600]
+    st, body = http(u, {"prompt": "Hi", "max_tokens": 1, huge: 1})
+    err((st, body), 400)
+    assert len(json.dumps(body)) < 600 and body["error"]["param"] == huge[:100]
+    assert "... (500001 items)" in http(u, {"prompt": "Hi", "stop": ["a"] * 500_000 + [1]})[1]["error"]["message"]
+    st, body = http(u, {"prompt": "Hi", "max_tokens": 2, "top_k": -1, "temperature": 0})
+    assert st == 200 and body["choices"][0]["finish_reason"] in ("length", "stop"), body
 
 
 def test_echo_logprobs_of_non_finite_logits(ckpt_tiny):
