@@ -104,14 +104,15 @@ FAMILY_FALLBACK = {"sme2": "neon"}
 SHARED_OPS = {("avx512", "attention_f16"): "avx2"}
 # exported kernels not bound by name through bound_symbols() (the plan executor and the tests call them):
 # check_exports requires them of a family like its FAMILY_OPS.  sme2 has its own matmul_* and falls back
-# to neon's attention_f16 (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover it; avx512 takes attention_f16 from avx2 (SHARED_OPS), whose entry covers it, and both x86 plan
-# executors call avx2's attention_rows_* (ROWATTN).
+# to neon's attention_f16 (kernel_symbol, FAMILY_FALLBACK): neon's entry makes the export check cover it; avx512 takes attention_f16 from avx2 (SHARED_OPS), whose entry covers it; each x86 plan
+# executor calls its own family's attention_rows_* (ROWATTN).
 # Every family has its plan executor, decode-step and worker entries (plan_x86.S, plan_aarch64.S: "plan_run",
 # "plan_step", "worker").
 EXTRA_OPS = {
     "x86_64": {"avx2": ("matmul_f32", "matmul_f16", "attention_f16", "attention_rows_f32", "attention_rows_f16",
                         "plan_run", "plan_step", "worker"),
-               "avx512": ("matmul_f32", "matmul_f16", "plan_run", "plan_step", "worker")},
+               "avx512": ("matmul_f32", "matmul_f16", "attention_rows_f32", "attention_rows_f16",
+                          "plan_run", "plan_step", "worker")},
     "aarch64": {"neon": ("matmul_f32", "matmul_f16", "attention_f16", "plan_run", "plan_step", "worker"),
                 "sme2": ("matmul_f32", "matmul_f16", "plan_run", "plan_step", "worker")},
 }

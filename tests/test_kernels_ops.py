@@ -66,14 +66,16 @@ SIGS = {
     "layernorm": "iiion",
     "attention": "iiiownnnn",
     "attention16": "iiiownnnn",                  # gpt2asm_attention_f16_avx2: k, v binary16
-    "attnrows": "iiiownnnn",                     # gpt2asm_attention_rows_f32_avx2: one head, 1..4 rows
-    "attnrows16": "iiiownnnn",                   # gpt2asm_attention_rows_f16_avx2
+    "attnrows": "iiiownnnn",                     # gpt2asm_attention_rows_f32_<isa>: one head, 1..4 rows
+    "attnrows16": "iiiownnnn",                   # gpt2asm_attention_rows_f16_<isa>
 }
 # ops whose symbol is not gpt2asm_<op>_f32_<isa> (only for these ISAs), and the others
 SYMBOLS = {("attention16", "avx2"): "gpt2asm_attention_f16_avx2",
            ("attention16", "neon"): "gpt2asm_attention_f16_neon",
            ("attnrows", "avx2"): "gpt2asm_attention_rows_f32_avx2",
-           ("attnrows16", "avx2"): "gpt2asm_attention_rows_f16_avx2"}
+           ("attnrows16", "avx2"): "gpt2asm_attention_rows_f16_avx2",
+           ("attnrows", "avx512"): "gpt2asm_attention_rows_f32_avx512",
+           ("attnrows16", "avx512"): "gpt2asm_attention_rows_f16_avx512"}
 F32_OPS = [op for op in SIGS if op not in {o for o, _ in SYMBOLS}]
 
 
@@ -243,7 +245,7 @@ class Emulated:
                 ro = np.array(a, copy=True)
                 ro.flags.writeable = False
                 eargs.append(ro)
-        self.emu.call(f"gpt2asm_{op}_f32_{self.isa}", *eargs, ret=None)
+        self.emu.call(symbol(op, self.isa), *eargs, ret=None)
 
 
 _RUNNERS: dict[str, object] = {}
@@ -1090,7 +1092,28 @@ def check_attention_f16_extremes(r):
 
 
 # --------------------------------------------------------------------------------------------------
-# several query rows of one head: gpt2asm_attention_rows_{f32,f16}_avx2 (the prefill plan's ROWATTN)
+# several query rows of one head: gpt2asm_attention_rows_{f32,f16}_{avx2,avx512} (the prefill plan's ROWATTN)
+
+# the rows kernels' runners: avx2 and avx512 natively (avx512 emulated if the CPU lacks it), and avx512 under
+# the emulator even when the CPU has it ("avx512emu"; small sizes)
+ROWS_ISAS = ("avx2", "avx512", "avx512emu")
+
+
+def rows_runner(isa: str):
+    if isa != "avx512emu":
+        return runner(isa)
+    if "avx512emu" not in _RUNNERS:
+        emu, why = emulator()
+        _RUNNERS["avx512emu"] = Emulated(emu, "avx512") if emu is not None else f"no AVX-512 emulator: {why}"
+    r = _RUNNERS["avx512emu"]
+    if isinstance(r, str):
+        pytest.skip(r)
+    return r
+
+
+def rows_emulated(r) -> bool:
+    return isinstance(r, Emulated)
+
 
 def rows_case(rng, n_pos: int, n_rows: int, n_ctx: int, dt=F32, qscale=0.5):
     """One head: q [n_rows][ldq], k, v [n_ctx][64] (rows past n_pos + n_rows - 2 NaN: never read)."""
@@ -1116,6 +1139,11 @@ def attn_rows(r, q, k, v, n_pos, n_rows, ldo=None):
     scratch = np.full(max(rows_scratch(n_pos, n_rows), 1), OUT_FILL, F32)
     r(op, q, k, v, out, scratch, n_pos, n_rows, q.shape[1], ldo)
     assert same_bits(out[:, HEAD:], np.full(out[:, HEAD:].shape, OUT_FILL, F32)), "wrote between rows"
+    base = baseline()
+    if base is not None and base is not r:             # the AVX-512 kernels: bit for bit the AVX2 ones
+        out2 = np.full((max(n_rows, 1), ldo), OUT_FILL, F32)
+        base(op, q, k, v, out2, np.full(scratch.shape, OUT_FILL, F32), n_pos, n_rows, q.shape[1], ldo)
+        assert same_bits(out, out2), f"{r.name} differs from avx2 (n_pos={n_pos} n_rows={n_rows})"
     return out[:, :HEAD]
 
 
@@ -1124,13 +1152,17 @@ def rows_model(q, k, v, n_pos, r):
     return attention_c(q[r, :HEAD], k.astype(F32)[None], v.astype(F32)[None], n_pos + r, 0, 1)
 
 
+@pytest.mark.parametrize("isa", ROWS_ISAS)
 @pytest.mark.parametrize("dt", [F32, np.float16], ids=["f32", "f16"])
-@pytest.mark.parametrize("n_pos", [1, 2, 3, 4, 5, 15, 16, 17, 31, 33, 64, 100, 257])
-def test_attention_rows_are_single_rows(dt, n_pos):
+@pytest.mark.parametrize("n_pos", [1, 2, 3, 4, 5, 15, 16, 17, 31, 33, 64, 100, 257, 513])
+def test_attention_rows_are_single_rows(isa, dt, n_pos):
     """Every row r < n_rows (1..4) is bit for bit the single-row kernel over n_pos + r positions (the
     contract model; f16: on the widened rows) and within its float64 bound; the kernel reads no cache
-    row past n_pos + n_rows - 2 (NaN there) and writes only its rows and R rows of scratch."""
-    r = runner("avx2")
+    row past n_pos + n_rows - 2 (NaN there) and writes only its rows and R rows of scratch.  avx512:
+    also bit for bit the AVX2 rows kernel (attn_rows), and its single-row kernel is avx512's."""
+    r = rows_runner(isa)
+    if rows_emulated(r) and n_pos not in (1, 2, 5, 16, 17, 33):
+        pytest.skip("emulated: small sizes only")
     rng = np.random.default_rng(n_pos * 7 + (dt == F32))
     for n_rows in (1, 2, 3, 4):
         n_ctx = n_pos + n_rows - 1 + int(rng.integers(0, 4))
@@ -1146,22 +1178,27 @@ def test_attention_rows_are_single_rows(dt, n_pos):
             assert np.all(np.abs(got[i] - ref) <= attn_bound(q[i, :HEAD], kw[None], vw[None], n_pos + i, 0, 1))
 
 
-def test_attention_rows_count_outside_1_to_4_does_nothing():
-    r = runner("avx2")
+@pytest.mark.parametrize("isa", ROWS_ISAS)
+def test_attention_rows_count_outside_1_to_4_does_nothing(isa):
+    r = rows_runner(isa)
     rng = np.random.default_rng(4)
     q, k, v = rows_case(rng, 9, 4, 16)
-    for n_rows in (0, 5, 1 << 40):
-        out = np.full((4, HEAD), OUT_FILL, F32)
-        scratch = np.full(64, OUT_FILL, F32)
-        r("attnrows", q, k, v, out, scratch, 9, n_rows, q.shape[1], HEAD)
-        assert same_bits(out, np.full(out.shape, OUT_FILL, F32)) and same_bits(scratch, np.full(64, OUT_FILL, F32))
+    for op, kk, vv in (("attnrows", k, v), ("attnrows16", k.astype(np.float16), v.astype(np.float16))):
+        for n_rows in (0, 5, 1 << 40):
+            out = np.full((4, HEAD), OUT_FILL, F32)
+            scratch = np.full(64, OUT_FILL, F32)
+            r(op, q, kk, vv, out, scratch, 9, n_rows, q.shape[1], HEAD)
+            assert same_bits(out, np.full(out.shape, OUT_FILL, F32))
+            assert same_bits(scratch, np.full(64, OUT_FILL, F32))
 
 
+@pytest.mark.parametrize("isa", ROWS_ISAS)
 @pytest.mark.parametrize("dt", [F32, np.float16], ids=["f32", "f16"])
-def test_attention_rows_extremes(dt):
+def test_attention_rows_extremes(isa, dt):
     """Sharp scores (row r's output is exactly one value row), q = 0 (the mean of the values), large
-    scores, and an infinite value in a row only the last query row reaches (NaN / inf there alone)."""
-    r = runner("avx2")
+    scores, and an infinite value in a row only the last query row reaches (NaN / inf there alone).
+    avx512: every case also bit for bit the AVX2 kernel (attn_rows)."""
+    r = rows_runner(isa)
     rng = np.random.default_rng(8)
     n_pos, n_rows = 21, 4
     q, k, v = rows_case(rng, n_pos, n_rows, n_pos + 3, dt)
@@ -1180,17 +1217,24 @@ def test_attention_rows_extremes(dt):
     for i in range(n_rows):
         assert_model(got[i], rows_model(q0, k, v, n_pos, i), f"q = 0 row {i}")
     assert np.isfinite(got[:n_rows - 1]).all() and not np.isfinite(got[n_rows - 1, 5])
+    qn = q.copy()                                    # NaN in one query row: that row alone is NaN
+    qn[2, 7] = np.nan
+    got = attn_rows(r, qn, k, v, n_pos, 3)
+    assert np.isnan(got[2]).all() and np.isfinite(got[:2]).all()
+    for i in range(2):
+        assert_model(got[i], rows_model(qn, k, v, n_pos, i), f"NaN q row {i}")
 
 
-def test_attention_rows_page_guards():
+@pytest.mark.parametrize("isa", ISAS)
+def test_attention_rows_page_guards(isa):
     """Natively, in a forked child: q, k, v, out and scratch each butting against a PROT_NONE page on
     one side, then the other (k, v end with row n_pos + n_rows - 2, scratch is exactly n_rows rows)."""
-    if "avx2" not in native_isas():
-        pytest.skip("needs AVX2")
+    if isa not in native_isas():
+        pytest.skip(f"needs {isa} natively")
     lib = load_lib()
     rng = np.random.default_rng(19)
     jobs = []
-    for dt, name in ((F32, "gpt2asm_attention_rows_f32_avx2"), (np.float16, "gpt2asm_attention_rows_f16_avx2")):
+    for dt, name in ((F32, f"gpt2asm_attention_rows_f32_{isa}"), (np.float16, f"gpt2asm_attention_rows_f16_{isa}")):
         for n_pos in (1, 2, 7, 16, 17, 40):
             for n_rows in (1, 2, 3, 4):
                 q, k, v = rows_case(rng, n_pos, n_rows, n_pos + n_rows - 1, dt)

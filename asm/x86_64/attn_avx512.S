@@ -285,3 +285,353 @@ function gpt2asm_attention_f32_avx512
         vzeroupper
         ret
 endfunc
+
+/* ---------------------------------------------------------------------------------------------- */
+
+/*
+ * void gpt2asm_attention_rows_f32_avx512(const float *q, const float *k, const float *v, float *out,
+ *                                        float *scratch, size_t n_pos, size_t n_rows, size_t ldq,
+ *                                        size_t ldo);
+ * void gpt2asm_attention_rows_f16_avx512(const float *q, const uint16_t *k, const uint16_t *v,
+ *                                        float *out, float *scratch, size_t n_pos, size_t n_rows,
+ *                                        size_t ldq, size_t ldo);        (binary16 cache, vcvtph2ps)
+ *
+ *   One head, n_rows (1..4) consecutive query rows of a prompt, row r over positions 0 .. n_pos+r-1:
+ *     for r < n_rows:  out + r ldo = gpt2asm_attention_f32(q + r ldq, k, v, ., ., n_pos + r, ., 0, 1)
+ *   bit for bit, and bit for bit gpt2asm_attention_rows_{f32,f16}_avx2 (the same contract, scratch
+ *   layout and memory rules: scratch n_rows rows of S = roundup16(n_pos + n_rows - 1) floats; reads
+ *   cache rows 0 .. n_pos + n_rows - 2; n_pos >= 1; n_rows outside 1..4 does nothing).
+ *
+ * The rows share every cache row they have in common, read (and, binary16, widened) once:
+ *   scores: the 4 rows' q in zmm16-31 (row r, elements 16c..16c+15 in zmm16+4r+c) for the whole pass;
+ *           per group of 4 positions t+a (a = 0..3) the 16 dot64 lane vectors of (position a, row r)
+ *           in zmm(4a+r): acc = +0.0; acc = fma(q_r[16c+j], k_t+a[16c+j], acc) for c = 0..3 (q the
+ *           register operand, k the memory one: q * k + acc as dotpos_avx2), the 16 hsum16 trees done
+ *           together by the transposing reduction of gpt2asm_attention_f32_avx512 (with one temporary:
+ *           zmm16-31 are taken), * 0.125f, lanes 4r..4r+3 = row r's 4 scores into its scratch row.
+ *           binary16: the group's 4 k rows are first widened exactly (vcvtph2ps) into a 1 KiB stack
+ *           buffer, whose floats are the memory operands.  The last 1..3 positions: the missing ones
+ *           repeat the last row (no over-read), their scores land past n_pos + n_rows - 1 in the row;
+ *           a row's scores past its own n_pos + r are computed and never read;
+ *   softmax of each row (n_pos + r entries; the macro of gpt2asm_softmax_f32_avx512);
+ *   p.V:    one pass, the 4 rows x 64 outputs in zmm0-15 (row r in zmm4r .. 4r+3); per position v_t
+ *           in zmm16-19 (widened if binary16), p_r[t] broadcast into zmm20+r, o = fma(p, v, o):
+ *           positions t < n_pos for every row, then t = n_pos + j for the rows r > j only.
+ * Rows past n_rows repeat the last one (the same operands, so the same values, stored twice).
+ * zmm16-31 are zeroed before returning (vzeroupper leaves them).
+ */
+#define ZL_OUT       0                              /* out (row 0)                          */
+#define ZL_V         8                              /* v                                    */
+#define ZL_R        16                              /* n_rows                               */
+#define ZL_O1       24                              /* rows 1-3: byte offsets of out        */
+#define ZL_O2       32
+#define ZL_O3       40
+#define ZL_S1       48                              /* rows 1-3: byte offsets of scratch    */
+#define ZL_S2       56
+#define ZL_S3       64
+#define ZL_CNT      72                              /* softmax rows left                    */
+#define ZL_BUF      80                              /* binary16: 1 KiB (+ 64 to align) of widened k */
+#define ZL_LOC      (ZL_BUF + 1024 + 64)
+#define ZA_ROWS     (ZL_LOC + 56)                   /* stack arguments                      */
+#define ZA_LDQ      (ZL_LOC + 64)
+#define ZA_LDO      (ZL_LOC + 72)
+
+        /* \dst = min(\r, R - 1), R - 1 in r10 */
+        .macro  zrowidx r, dst
+        movq        $\r, \dst
+        cmpq        \dst, %r10
+        cmovbq      %r10, \dst
+        .endm
+
+        /* \tmp = \slot(%rsp) = \idx * \bytes */
+        .macro  zrowoff idx, bytes, tmp, slot
+        movq        \idx, \tmp
+        imulq       \bytes, \tmp
+        movq        \tmp, \slot(%rsp)
+        .endm
+
+/*
+ * zrp op, lo, hi, d, a, b, t
+ *   one step of the transposing reduction (red_pair64 / red_pair32 / red_pairps) with one temporary
+ *   zmm\t (not \a, \b; may be \d): t = op(lo: b, a), a = op(hi: b, a), d = t + a (lo + hi, the
+ *   operands in the roles of red_pair*).
+ */
+        .macro  zrp op, lo, hi, d, a, b, t
+        \op         $\lo, %zmm\b, %zmm\a, %zmm\t
+        \op         $\hi, %zmm\b, %zmm\a, %zmm\a
+        vaddps      %zmm\a, %zmm\t, %zmm\d
+        .endm
+
+/* zdot R, r, p, d: zmm\R = +0.0, then the 4 fmas of row r with the k row at \d(\p) (float32) */
+        .macro  zdot0 R
+        vpxord      %zmm\R, %zmm\R, %zmm\R
+        .endm
+        .macro  zdotc R, Q, c, p, d                 // Q = zmm of q_r[16c..16c+16)
+        vfmadd231ps \d+64*\c(\p), %zmm\Q, %zmm\R
+        .endm
+        /* zdotcs c, q0, q1, q2, q3, p0, d0, ..., p3, d3: step c of the 15 first registers (the zmm of
+         * q_r[16c..] in \qr) */
+        .macro  zdotcs c, q0, q1, q2, q3, p0, d0, p1, d1, p2, d2, p3, d3
+        zdotc  0, \q0, \c, \p0, \d0
+        zdotc  1, \q1, \c, \p0, \d0
+        zdotc  2, \q2, \c, \p0, \d0
+        zdotc  3, \q3, \c, \p0, \d0
+        zdotc  4, \q0, \c, \p1, \d1
+        zdotc  5, \q1, \c, \p1, \d1
+        zdotc  6, \q2, \c, \p1, \d1
+        zdotc  7, \q3, \c, \p1, \d1
+        zdotc  8, \q0, \c, \p2, \d2
+        zdotc  9, \q1, \c, \p2, \d2
+        zdotc 10, \q2, \c, \p2, \d2
+        zdotc 11, \q3, \c, \p2, \d2
+        zdotc 12, \q0, \c, \p3, \d3
+        zdotc 13, \q1, \c, \p3, \d3
+        zdotc 14, \q2, \c, \p3, \d3
+        .endm
+
+/*
+ * zgroup p0, d0, p1, d1, p2, d2, p3, d3
+ *   zmm0 = lanes 4r+a: the score (* 0.125f) of row r at the float32 k row \da(\pa), a = 0..3.
+ *   Register of (position a, row r): zmm(4a+r).  zmm15 is the first reduction step's temporary, so
+ *   (a = 3, r = 3) is computed after it.  Clobbers zmm0-15.
+ */
+        .macro  zgroup p0, d0, p1, d1, p2, d2, p3, d3
+        .irp R, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14
+        zdot0       \R
+        .endr
+        zdotcs 0, 16, 20, 24, 28, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zdotcs 1, 17, 21, 25, 29, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zdotcs 2, 18, 22, 26, 30, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zdotcs 3, 19, 23, 27, 31, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zrp  vshuff64x2, 0x44, 0xEE, 0, 0, 1, 15    // w = 8
+        zdot0       15
+        zdotc 15, 28, 0, \p3, \d3
+        zdotc 15, 29, 1, \p3, \d3
+        zdotc 15, 30, 2, \p3, \d3
+        zdotc 15, 31, 3, \p3, \d3
+        zrp  vshuff64x2, 0x44, 0xEE, 1, 2, 3, 1
+        zrp  vshuff64x2, 0x44, 0xEE, 2, 4, 5, 2
+        zrp  vshuff64x2, 0x44, 0xEE, 3, 6, 7, 3
+        zrp  vshuff64x2, 0x44, 0xEE, 4, 8, 9, 4
+        zrp  vshuff64x2, 0x44, 0xEE, 5, 10, 11, 5
+        zrp  vshuff64x2, 0x44, 0xEE, 6, 12, 13, 6
+        zrp  vshuff64x2, 0x44, 0xEE, 7, 14, 15, 7
+        zrp  vshuff32x4, 0x88, 0xDD, 0, 0, 1, 8     // w = 4
+        zrp  vshuff32x4, 0x88, 0xDD, 1, 2, 3, 9
+        zrp  vshuff32x4, 0x88, 0xDD, 2, 4, 5, 10
+        zrp  vshuff32x4, 0x88, 0xDD, 3, 6, 7, 11
+        zrp  vshufps, 0x44, 0xEE, 0, 0, 1, 8        // w = 2
+        zrp  vshufps, 0x44, 0xEE, 1, 2, 3, 9
+        zrp  vshufps, 0x88, 0xDD, 0, 0, 1, 8        // w = 1
+        vmulps      KZ_EIGHTH(%r11){1to16}, %zmm0, %zmm0    // * 0.125
+        .endm
+
+/* zwiden p0, d0, ..., p3, d3: the 4 binary16 k rows at \da(\pa) widened into the buffer at (%rdi) */
+        .macro  zwiden1 a, p, d, r0, r1, r2, r3     // zmm\r0-3: temporaries
+        vcvtph2ps   \d+ 0(\p), %zmm\r0
+        vcvtph2ps   \d+32(\p), %zmm\r1
+        vcvtph2ps   \d+64(\p), %zmm\r2
+        vcvtph2ps   \d+96(\p), %zmm\r3
+        vmovaps     %zmm\r0, 256*\a+  0(%rdi)
+        vmovaps     %zmm\r1, 256*\a+ 64(%rdi)
+        vmovaps     %zmm\r2, 256*\a+128(%rdi)
+        vmovaps     %zmm\r3, 256*\a+192(%rdi)
+        .endm
+
+/* zscores es, p0, d0, ..., p3, d3: the group's scores (es = 2: widened first) into the scratch rows */
+        .macro  zscores es, p0, d0, p1, d1, p2, d2, p3, d3
+        .if \es == 4
+        zgroup      \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        .else
+        zwiden1     0, \p0, \d0, 0, 1, 2, 3
+        zwiden1     1, \p1, \d1, 4, 5, 6, 7
+        zwiden1     2, \p2, \d2, 8, 9, 10, 11
+        zwiden1     3, \p3, \d3, 12, 13, 14, 15
+        zgroup      %rdi, 0, %rdi, 256, %rdi, 512, %rdi, 768
+        .endif
+        vmovups     %xmm0, (%rax)
+        vextractf32x4 $1, %zmm0, (%rax,%r10)
+        vextractf32x4 $2, %zmm0, (%rax,%r12)
+        vextractf32x4 $3, %zmm0, (%rax,%r13)
+        .endm
+
+/*
+ * zpv es, first
+ *   o_r = fma(p_r[t], v_t, o_r) for the rows r = first .. 3 and the 64 outputs: v_t at (%rsi) into
+ *   zmm16-19 (widened if binary16), p_r[t] at (%rax) + (0, r10, r12, r13) into zmm20+r, o_r in
+ *   zmm4r .. 4r+3 (p the broadcast operand, v the other: p * v + o as pvq).
+ */
+        .macro  zpvfma p, o0, o1, o2, o3
+        vfmadd231ps %zmm16, %zmm\p, %zmm\o0
+        vfmadd231ps %zmm17, %zmm\p, %zmm\o1
+        vfmadd231ps %zmm18, %zmm\p, %zmm\o2
+        vfmadd231ps %zmm19, %zmm\p, %zmm\o3
+        .endm
+
+        .macro  zpv es, first
+        .if \es == 4
+        vmovups        0(%rsi), %zmm16
+        vmovups       64(%rsi), %zmm17
+        vmovups      128(%rsi), %zmm18
+        vmovups      192(%rsi), %zmm19
+        .else
+        vcvtph2ps      0(%rsi), %zmm16
+        vcvtph2ps     32(%rsi), %zmm17
+        vcvtph2ps     64(%rsi), %zmm18
+        vcvtph2ps     96(%rsi), %zmm19
+        .endif
+        .if \first == 0
+        vbroadcastss (%rax), %zmm20
+        zpvfma      20, 0, 1, 2, 3
+        .endif
+        .if \first <= 1
+        vbroadcastss (%rax,%r10), %zmm21
+        zpvfma      21, 4, 5, 6, 7
+        .endif
+        .if \first <= 2
+        vbroadcastss (%rax,%r12), %zmm22
+        zpvfma      22, 8, 9, 10, 11
+        .endif
+        vbroadcastss (%rax,%r13), %zmm23
+        zpvfma      23, 12, 13, 14, 15
+        .endm
+
+        .macro  zldq p, r0, r1, r2, r3
+        vmovups        0(\p), %zmm\r0
+        vmovups       64(\p), %zmm\r1
+        vmovups      128(\p), %zmm\r2
+        vmovups      192(\p), %zmm\r3
+        .endm
+
+        /* registers: scores: zmm16-31 q, rsi k_t, rax scratch column t, r10 / r12 / r13 scratch
+         * offsets of rows 1-3, r14 scratch row stride (bytes), r15 positions (nmax), rbx groups left,
+         * rdi the binary16 buffer, rcx / rdx tail rows, r8 scratch, r9 n_pos, r11 math_avx512;
+         * p.V: rsi v_t, rax p column, r15 positions left */
+        .macro  attention_rows_avx512 name, es
+function \name
+        push_callee
+        subq        $ZL_LOC, %rsp
+        movq        ZA_ROWS(%rsp), %rax
+        leaq        -1(%rax), %r10                  // R - 1
+        cmpq        $3, %r10
+        ja          9f                              // n_rows outside 1..4
+        movrel      %r11, math_avx512
+        movq        %rcx, ZL_OUT(%rsp)
+        movq        %rdx, ZL_V(%rsp)
+        movq        %rax, ZL_R(%rsp)
+        leaq        (%r9,%r10), %r15                // nmax = n_pos + R - 1
+        leaq        15(%r15), %r14
+        andq        $-16, %r14
+        shlq        $2, %r14                        // scratch row stride: 4 roundup16(nmax)
+        zrowidx     1, %rcx                         // rows 1-3 -> rows min(r, R - 1)
+        zrowidx     2, %rbx
+        zrowidx     3, %rbp
+        movq        ZA_LDO(%rsp), %rdx
+        shlq        $2, %rdx                        // ldo bytes
+        zrowoff     %rcx, %rdx, %rax, ZL_O1
+        zrowoff     %rbx, %rdx, %rax, ZL_O2
+        zrowoff     %rbp, %rdx, %rax, ZL_O3
+        zrowoff     %rcx, %r14, %r10, ZL_S1         // (kept in r10, r12, r13 for the scores)
+        zrowoff     %rbx, %r14, %r12, ZL_S2
+        zrowoff     %rbp, %r14, %r13, ZL_S3
+        movq        ZA_LDQ(%rsp), %rax
+        shlq        $2, %rax                        // ldq bytes
+        imulq       %rax, %rcx
+        addq        %rdi, %rcx                      // q rows 1-3
+        imulq       %rax, %rbx
+        addq        %rdi, %rbx
+        imulq       %rax, %rbp
+        addq        %rdi, %rbp
+        zldq        %rdi, 16, 17, 18, 19           // q of rows 0-3 into zmm16-31
+        zldq        %rcx, 20, 21, 22, 23
+        zldq        %rbx, 24, 25, 26, 27
+        zldq        %rbp, 28, 29, 30, 31
+        leaq        ZL_BUF+63(%rsp), %rdi
+        andq        $-64, %rdi                      // the binary16 buffer
+
+        /* scores of every row at positions 0 .. nmax - 1, 4 per step */
+        movq        %r8, %rax
+        movq        %r15, %rbx
+        shrq        $2, %rbx
+        jz          2f
+1:
+        zscores     \es, %rsi, 0, %rsi, 64*\es, %rsi, 128*\es, %rsi, 192*\es
+        addq        $16, %rax
+        addq        $256*\es, %rsi
+        decq        %rbx
+        jnz         1b
+2:
+        movq        %r15, %rbx
+        andq        $3, %rbx                        // 1..3 positions left: the missing ones repeat the
+        jz          3f                              // last (no over-read)
+        movq        %rsi, %rcx
+        leaq        64*\es(%rsi), %rdx
+        cmpq        $2, %rbx
+        cmovaeq     %rdx, %rcx                      // position 1: t+1 if it exists, else t
+        leaq        128*\es(%rsi), %rdx
+        cmpq        $3, %rbx
+        cmovbq      %rcx, %rdx                      // positions 2, 3: t+2 if it exists, else position 1
+        zscores     \es, %rsi, 0, %rcx, 0, %rdx, 0, %rdx, 0
+3:
+        /* p = softmax(s) of row r over its n_pos + r scores, in place */
+        movq        %r8, %rbx
+        movq        %r9, %r15
+        movq        ZL_R(%rsp), %rax
+        movq        %rax, ZL_CNT(%rsp)
+4:
+        softmax_avx512 %rbx, %rbx, %r15, %r11, %rax, %r10, %rcx
+        addq        %r14, %rbx
+        incq        %r15
+        decq        ZL_CNT(%rsp)
+        jnz         4b
+
+        /* o = sum_t p_t v_t: the 4 rows' 64 outputs in zmm0-15, one pass */
+        movq        ZL_S1(%rsp), %r10
+        movq        ZL_S2(%rsp), %r12
+        movq        ZL_S3(%rsp), %r13
+        movq        ZL_V(%rsp), %rsi
+        movq        %r8, %rax
+        movq        %r9, %r15
+        vclear  vpxord, zmm, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
+5:                                                  // t < n_pos: every row
+        zpv         \es, 0
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        decq        %r15
+        jnz         5b
+        cmpq        $2, ZL_R(%rsp)                  // t = n_pos + j: rows j+1 .. 3
+        jb          6f
+        zpv         \es, 1
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        cmpq        $3, ZL_R(%rsp)
+        jb          6f
+        zpv         \es, 2
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        cmpq        $4, ZL_R(%rsp)
+        jb          6f
+        zpv         \es, 3
+6:
+        movq        ZL_OUT(%rsp), %rdi
+        movq        ZL_O1(%rsp), %rcx
+        movq        ZL_O2(%rsp), %rbx
+        movq        ZL_O3(%rsp), %rbp
+        vstore  %rdi, 0, 64, zmm, 0, 1, 2, 3
+        addq        %rdi, %rcx
+        vstore  %rcx, 0, 64, zmm, 4, 5, 6, 7
+        addq        %rdi, %rbx
+        vstore  %rbx, 0, 64, zmm, 8, 9, 10, 11
+        addq        %rdi, %rbp
+        vstore  %rbp, 0, 64, zmm, 12, 13, 14, 15
+        vclear  vpxord, zmm, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31
+9:
+        addq        $ZL_LOC, %rsp
+        pop_callee
+        vzeroupper
+        ret
+endfunc
+        .endm
+
+        attention_rows_avx512 gpt2asm_attention_rows_f32_avx512, 4
+        attention_rows_avx512 gpt2asm_attention_rows_f16_avx512, 2

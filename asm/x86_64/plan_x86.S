@@ -58,6 +58,7 @@
         .protected gpt2asm_matmul_f32_avx512, gpt2asm_matmul_f16_avx512
         .protected gpt2asm_attention_f16_avx2, gpt2asm_argmax_f32_avx2, gpt2asm_argmax_f32_avx512
         .protected gpt2asm_attention_rows_f32_avx2, gpt2asm_attention_rows_f16_avx2
+        .protected gpt2asm_attention_rows_f32_avx512, gpt2asm_attention_rows_f16_avx512
         .protected gpt2asm_plan_run_avx2, gpt2asm_plan_run_avx512
 #endif
 
@@ -1004,7 +1005,7 @@ kind_rowquant_\isa:
          * (each head's longest rows first, one head's cache rows reused by consecutive items):
          * attention of head h of query row t (J_Y + t ldx) over positions 0 .. pos + t into out row t
          * (J_A2 + t ldy).  4 consecutive items of one claim and one head (rows t-3 .. t) are one
-         * gpt2asm_attention_rows call (both families: AVX2 code, the same bits), which reads the cache
+         * gpt2asm_attention_rows call (the family's kernel: the same bits), which reads the cache
          * rows the 4 rows share once; with fewer such items left, one row per call of the single-row
          * kernel (a rows call costs the same for 1 to 4 rows, about 3.2 single-row calls). */
         .p2align 4
@@ -1063,9 +1064,9 @@ kind_rowattn_\isa:
         movq    J_LDY(%r14), %rax
         movq    %rax, 16(%rsp)                  /* ldo */
         if_flag FL_KV16, 1f
-        xcall   gpt2asm_attention_rows_f32_avx2
+        xcall   gpt2asm_attention_rows_f32_\isa
         jmp     2f
-1:      xcall   gpt2asm_attention_rows_f16_avx2
+1:      xcall   gpt2asm_attention_rows_f16_\isa
         jmp     2f
 .Lra_one_\isa:                                  /* one row: the single-row kernel on head 0 of the */
         movq    J_A3(%r14), %rax                /* pointers above */
