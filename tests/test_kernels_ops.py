@@ -3,6 +3,7 @@
     gpt2asm_expf_f32_*, gpt2asm_gelu_f32_*, gpt2asm_softmax_f32_*, gpt2asm_layernorm_f32_*,
     gpt2asm_attention_f32_*                               for * in avx2, avx512   (docs/kernels.md)
     gpt2asm_attention_f16_avx2                            (the binary16 cache; both families call it)
+    gpt2asm_attention_rows_{f32,f16}_*                    for * in avx2, avx512   (the prefill's rows)
 
 Every variant the CPU has runs natively; the AVX-512 ones also run under tests/avx512emu.py (an
 emulated AVX-512 CPU) when that is available, else they are skipped with the reason.  Each call is
@@ -1790,15 +1791,16 @@ def bench(min_time: float = 0.3) -> None:
                     fn(*a)
             return go
         nop4 = min(timeit(calls(nop[0], [nop[1]] * 4), ()) for _ in range(3))
-        for dt, sfx in ((F32, "f32"), (np.float16, "f16")):
-            single, rows = (getattr(lib, f"gpt2asm_attention{m}_{sfx}_avx2") for m in ("", "_rows"))
+        for (dt, sfx), isa in itertools.product(((F32, "f32"), (np.float16, "f16")), sorted(have & {"avx2", "avx512"})):
+            single = getattr(lib, f"gpt2asm_attention_{sfx}_{isa if sfx == 'f32' else 'avx2'}")
+            rows = getattr(lib, f"gpt2asm_attention_rows_{sfx}_{isa}")
             for n_pos in (256, 512):
                 kh, vh = (buf(rng.standard_normal((n_pos + 3, HEAD)).astype(dt)) for _ in range(2))
                 q, out, scr = elem(4 * HEAD), elem(4 * HEAD), elem(4 * (n_pos + 16))
                 one = [(q + 4 * HEAD * r, kh, vh, out + 4 * HEAD * r, scr, n_pos + r, 0, 0, 1) for r in range(4)]
                 t1 = (timeit(calls(single, one), ()) - nop4) / (4 * n_pos)
                 t4 = (timeit(rows, (q, kh, vh, out, scr, n_pos, 4, HEAD, HEAD)) - empty) / (4 * n_pos)
-                print(f"  {sfx} n_pos={n_pos}: single rows {t1:.2f}, 4-row calls {t4:.2f} ({t1 / t4:.2f}x)")
+                print(f"  {sfx} {isa} n_pos={n_pos}: single rows {t1:.2f}, 4-row calls {t4:.2f} ({t1 / t4:.2f}x)")
     for isa in sorted(have):
         x = np.concatenate([np.linspace(-104, 89, 4_000_000).astype(F32), float_range(80.0, 89.0),
                             float_range(-104.0, -86.0), float_range(0.25, 1.0), float_range(-1.0, -0.25)])
