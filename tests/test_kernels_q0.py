@@ -260,21 +260,26 @@ def mv_ref(kind, w, n_in, nt, xq, xd, b) -> np.ndarray:
 
 
 def run_mv(mode, kind, isa, w, xq, xd, b, nt, tb, te, seed=0) -> np.ndarray:
+    return call_mv(mode, mv_symbol(kind, isa), te * (xq.size // QK) * RECORD[kind], w, xq, xd, b, nt, tb, te, seed)
+
+
+def call_mv(mode, sym, nbytes, w, xq, xd, b, nt, tb, te, seed=0, timeout=600, lib=None) -> np.ndarray:
+    """One matvec call of any q0-style kernel `sym` (q8_0 / q4_0 / q6_k: nbytes = the bytes of tiles
+    0 .. te-1), natively with every buffer guarded or on the emulator: y float32 [64 nt].  lib: the
+    library with sym's argtypes bound (default: this file's load_lib)."""
     n_in = xq.size
     y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
-    sym = mv_symbol(kind, isa)
     if mode == "emu":
         emu, _ = mv.emulator()
-        nbytes = te * (n_in // QK) * RECORD[kind]
         ws = np.array(w[:max(nbytes, 64)])                     # reading past tile te-1 faults
         args = [np.array(a) if a is not None else None for a in (xq, xd, b)]
         for a in [ws] + args:
             if a is not None:
                 a.flags.writeable = False
         y = y0.copy()
-        emu.call(sym, ws, *args, y, n_in, tb, te, ret=None)
+        emu.call(sym, ws, *args, y, n_in, tb, te, ret=None, timeout=timeout)
         return y
-    lib = load_lib()
+    lib = lib or load_lib()
     mis = seed % 61
     wg = Guarded(w.nbytes, 0, seed).put(w)
     qg = Guarded(xq.nbytes, (mis + 1) % 64, seed + 1).put(xq)
@@ -460,23 +465,30 @@ def strided(rows: np.ndarray, ld: int) -> np.ndarray:
 
 def run_mm(mode, kind, isa, w, XQ, XD, b, nt, tb, te, pads=(0, 0, 0), seed=0) -> np.ndarray:
     """Returns y as [n_tok][64*nt] (the ldy padding dropped)."""
+    nbytes = te * (XQ.shape[1] // QK) * RECORD[kind]
+    return call_mm(mode, mm_symbol(kind, isa), nbytes, w, XQ, XD, b, nt, tb, te, pads, seed)
+
+
+def call_mm(mode, sym, nbytes, w, XQ, XD, b, nt, tb, te, pads=(0, 0, 0), seed=0, timeout=600,
+            lib=None) -> np.ndarray:
+    """One matmul call of any q0-style kernel `sym` (nbytes: the bytes of tiles 0 .. te-1) on strided rows
+    (pads: extra ldq / ldd / ldy), natively guarded or on the emulator: y as [n_tok][64*nt]."""
     n_tok, n_in = XQ.shape
     nb = n_in // QK
     ldq, ldd, ldy = n_in + pads[0], nb + pads[1], nt * TILE + pads[2]
     xq, xd = strided(XQ, ldq), strided(XD, ldd)
     y0 = np.full((n_tok - 1) * ldy + nt * TILE, Y_FILL, np.uint32).view(np.float32)
-    sym = mm_symbol(kind, isa)
     if mode == "emu":
         emu, _ = mv.emulator()
-        ws = np.array(w[:max(te * nb * RECORD[kind], 64)])
+        ws = np.array(w[:max(nbytes, 64)])
         args = [np.array(a) if a is not None else None for a in (xq, xd, b)]
         for a in [ws] + args:
             if a is not None:
                 a.flags.writeable = False
         y = y0.copy()
-        emu.call(sym, ws, args[0], ldq, args[1], ldd, args[2], y, ldy, n_tok, n_in, tb, te, ret=None, timeout=600)
+        emu.call(sym, ws, args[0], ldq, args[1], ldd, args[2], y, ldy, n_tok, n_in, tb, te, ret=None, timeout=timeout)
     else:
-        lib = load_lib()
+        lib = lib or load_lib()
         mis = seed % 61
         wg = Guarded(w.nbytes, 0, seed).put(w)
         qg = Guarded(xq.nbytes, (mis + 3) % 64, seed + 1).put(xq)

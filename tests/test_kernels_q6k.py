@@ -80,30 +80,8 @@ def ref(w, n_in, nt, xq, xd, b) -> np.ndarray:
 # matvec
 
 def run_mv(mode, isa, w, xq, xd, b, nt, tb, te, seed=0) -> np.ndarray:
-    n_in = xq.size
-    y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
-    sym = mv_symbol(isa)
-    if mode == "emu":
-        emu, _ = mv.emulator()
-        ws = np.array(w[:max(te * tile_bytes(n_in), 64)])          # reading past tile te-1 faults
-        args = [np.array(a) if a is not None else None for a in (xq, xd, b)]
-        for a in [ws] + args:
-            if a is not None:
-                a.flags.writeable = False
-        y = y0.copy()
-        emu.call(sym, ws, *args, y, n_in, tb, te, ret=None, timeout=600)
-        return y
-    lib = load_lib()
-    mis = seed % 61
-    wg = Guarded(w.nbytes, 0, seed).put(w)
-    qg = Guarded(xq.nbytes, (mis + 1) % 64, seed + 1).put(xq)
-    dg = Guarded(xd.nbytes, (mis * 4 + 4) % 64, seed + 2).put(xd)
-    bg = Guarded(b.nbytes, (mis * 4 + 8) % 64, seed + 3).put(b) if b is not None else None
-    yg = Guarded(y0.nbytes, (mis * 4 + 12) % 64, seed + 4).put(y0)
-    getattr(lib, sym)(wg.addr, qg.addr, dg.addr, bg.addr if bg else None, yg.addr, n_in, tb, te)
-    mv.check_guarded(f"{sym} (native)", ((wg, w, "w"), (qg, xq, "xq"), (dg, xd, "xd"), (bg, b, "b"),
-                                         (yg, None, "y")))
-    return yg.get(np.float32)
+    return q0.call_mv(mode, mv_symbol(isa), te * tile_bytes(xq.size), w, xq, xd, b, nt, tb, te, seed,
+                      lib=None if mode == "emu" else load_lib())
 
 
 def check_mv(modes, isa, w, xq, xd, b, nt, tb, te, seed=0, exp=None) -> np.ndarray:
@@ -268,38 +246,8 @@ def test_matvec_page_guards():
 
 def run_mm(mode, isa, w, XQ, XD, b, nt, tb, te, pads=(0, 0, 0), seed=0) -> np.ndarray:
     """y as [n_tok][64*nt] (the ldy padding dropped)."""
-    n_tok, n_in = XQ.shape
-    nb = n_in // QK
-    ldq, ldd, ldy = n_in + pads[0], nb + pads[1], nt * TILE + pads[2]
-    xq, xd = strided(XQ, ldq), strided(XD, ldd)
-    y0 = np.full((n_tok - 1) * ldy + nt * TILE, Y_FILL, np.uint32).view(np.float32)
-    sym = mm_symbol(isa)
-    if mode == "emu":
-        emu, _ = mv.emulator()
-        ws = np.array(w[:max(te * tile_bytes(n_in), 64)])
-        args = [np.array(a) if a is not None else None for a in (xq, xd, b)]
-        for a in [ws] + args:
-            if a is not None:
-                a.flags.writeable = False
-        y = y0.copy()
-        emu.call(sym, ws, args[0], ldq, args[1], ldd, args[2], y, ldy, n_tok, n_in, tb, te, ret=None, timeout=900)
-    else:
-        lib = load_lib()
-        mis = seed % 61
-        wg = Guarded(w.nbytes, 0, seed).put(w)
-        qg = Guarded(xq.nbytes, (mis + 3) % 64, seed + 1).put(xq)
-        dg = Guarded(xd.nbytes, (mis * 4 + 8) % 64, seed + 2).put(xd)
-        bg = Guarded(b.nbytes, (mis * 4 + 4) % 64, seed + 3).put(b) if b is not None else None
-        yg = Guarded(y0.nbytes, (mis * 4 + 12) % 64, seed + 4).put(y0)
-        getattr(lib, sym)(wg.addr, qg.addr, ldq, dg.addr, ldd, bg.addr if bg else None, yg.addr, ldy,
-                          n_tok, n_in, tb, te)
-        mv.check_guarded(f"{sym} (native)", ((wg, w, "w"), (qg, xq, "xq"), (dg, xd, "xd"), (bg, b, "b"),
-                                             (yg, None, "y")))
-        y = yg.get(np.float32)
-    full = np.full((n_tok, ldy), Y_FILL, np.uint32).view(np.float32)
-    full.reshape(-1)[:y.size] = y
-    assert (full[:, nt * TILE:].view(np.uint32) == Y_FILL).all(), f"{sym} ({mode}): wrote into the ldy gap"
-    return full[:, :nt * TILE]
+    return q0.call_mm(mode, mm_symbol(isa), te * tile_bytes(XQ.shape[1]), w, XQ, XD, b, nt, tb, te, pads, seed,
+                      timeout=900, lib=None if mode == "emu" else load_lib())
 
 
 def check_mm(modes, isa, w, XQ, XD, b, nt, tb, te, pads=(0, 0, 0), seed=0):
