@@ -628,26 +628,33 @@ def test_matmul_page_guards():
         for kind, isa in todo:
             fn = getattr(lib, mm_symbol(kind, isa))
             for _, w, XQ, XD, b, nt, tb, te, exp in (j for j in jobs if j[0] == kind):
-                n_tok, n_in = XQ.shape
-                nb = n_in // QK
-                tile_bytes = nb * RECORD[kind]
-                ldq, ldd, ldy = n_in + 1, nb + 2, (te - tb) * TILE + 3
-                for at_end in (True, False):
-                    wg = PageFenced((te - tb) * tile_bytes, at_end).put(w[tb * tile_bytes:te * tile_bytes])
-                    qg = PageFenced((n_tok - 1) * ldq + n_in, at_end).put(strided(XQ, ldq))
-                    dg = PageFenced(4 * ((n_tok - 1) * ldd + nb), at_end).put(strided(XD, ldd))
-                    bs = b[TILE * tb:TILE * te]
-                    bg = PageFenced(bs.nbytes, at_end).put(bs)
-                    yg = PageFenced(4 * ((n_tok - 1) * ldy + bs.size), at_end)
-                    if wg.addr % 64:
-                        return False
-                    fn(wg.addr - tb * tile_bytes, qg.addr, ldq, dg.addr, ldd, bg.addr - 4 * TILE * tb,
-                       yg.addr - 4 * TILE * tb, ldy, n_tok, n_in, tb, te)
-                    y = yg.get(np.float32)
-                    for t in range(n_tok):
-                        ok &= bool(same_bits(y[t * ldy:t * ldy + bs.size], exp[t, TILE * tb:TILE * te]).all())
+                ok &= fenced_mm(fn, w, XQ.shape[1] // QK * RECORD[kind], XQ, XD, b, tb, te, exp)
         return ok
     run_forked(child)
+
+
+def fenced_mm(fn, w, tile_bytes, XQ, XD, b, tb, te, exp) -> bool:
+    """A q0-style matmul kernel fn on tiles [tb, te) with every buffer butting against a PROT_NONE page on
+    either side (strided rows): its rows equal exp's bits.  For a forked child (run_forked)."""
+    ok = True
+    n_tok, n_in = XQ.shape
+    nb = n_in // QK
+    ldq, ldd, ldy = n_in + 1, nb + 2, (te - tb) * TILE + 3
+    for at_end in (True, False):
+        wg = PageFenced((te - tb) * tile_bytes, at_end).put(w[tb * tile_bytes:te * tile_bytes])
+        qg = PageFenced((n_tok - 1) * ldq + n_in, at_end).put(strided(XQ, ldq))
+        dg = PageFenced(4 * ((n_tok - 1) * ldd + nb), at_end).put(strided(XD, ldd))
+        bs = b[TILE * tb:TILE * te]
+        bg = PageFenced(bs.nbytes, at_end).put(bs)
+        yg = PageFenced(4 * ((n_tok - 1) * ldy + bs.size), at_end)
+        if wg.addr % 64:
+            return False
+        fn(wg.addr - tb * tile_bytes, qg.addr, ldq, dg.addr, ldd, bg.addr - 4 * TILE * tb,
+           yg.addr - 4 * TILE * tb, ldy, n_tok, n_in, tb, te)
+        y = yg.get(np.float32)
+        for t in range(n_tok):
+            ok &= bool(same_bits(y[t * ldy:t * ldy + bs.size], exp[t, TILE * tb:TILE * te]).all())
+    return ok
 
 
 # --------------------------------------------------------------------------------------------------

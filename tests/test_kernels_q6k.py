@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import q0ref                                                         # noqa: E402
 import test_kernels_matvec as mv                                     # noqa: E402
 import test_kernels_q0 as q0                                         # noqa: E402
-from test_kernels_matvec import Guarded, PageFenced, same_bits       # noqa: E402
-from test_kernels_q0 import Y_FILL, act, acts, native_isas, runner_modes, strided  # noqa: E402
+from test_kernels_matvec import PageFenced, same_bits                # noqa: E402
+from test_kernels_q0 import Y_FILL, act, acts, native_isas, runner_modes  # noqa: E402
 from forked import run_forked                                        # noqa: E402
 
 QK, QK_K, TILE = q0ref.QK, q0ref.QK_K, q0ref.TILE
@@ -352,24 +352,7 @@ def test_matmul_page_guards():
         for isa in todo:
             fn = getattr(lib, mm_symbol(isa))
             for w, XQ, XD, b, nt, tb, te, exp in jobs:
-                n_tok, n_in = XQ.shape
-                nb = n_in // QK
-                tbytes = tile_bytes(n_in)
-                ldq, ldd, ldy = n_in + 1, nb + 2, (te - tb) * TILE + 3
-                for at_end in (True, False):
-                    wg = PageFenced((te - tb) * tbytes, at_end).put(w[tb * tbytes:te * tbytes])
-                    qg = PageFenced((n_tok - 1) * ldq + n_in, at_end).put(strided(XQ, ldq))
-                    dg = PageFenced(4 * ((n_tok - 1) * ldd + nb), at_end).put(strided(XD, ldd))
-                    bs = b[TILE * tb:TILE * te]
-                    bg = PageFenced(bs.nbytes, at_end).put(bs)
-                    yg = PageFenced(4 * ((n_tok - 1) * ldy + bs.size), at_end)
-                    if wg.addr % 64:
-                        return False
-                    fn(wg.addr - tb * tbytes, qg.addr, ldq, dg.addr, ldd, bg.addr - 4 * TILE * tb,
-                       yg.addr - 4 * TILE * tb, ldy, n_tok, n_in, tb, te)
-                    y = yg.get(np.float32)
-                    for t in range(n_tok):
-                        ok &= bool(same_bits(y[t * ldy:t * ldy + bs.size], exp[t, TILE * tb:TILE * te]).all())
+                ok &= q0.fenced_mm(fn, w, tile_bytes(XQ.shape[1]), XQ, XD, b, tb, te, exp)
         return ok
     run_forked(child)
 
