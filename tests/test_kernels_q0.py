@@ -432,22 +432,31 @@ def test_matvec_page_guards():
         for kind, isa in todo:
             fn = getattr(lib, mv_symbol(kind, isa))
             for _, w, xq, xd, b, nt, tb, te, exp in (j for j in jobs if j[0] == kind):
-                n_in = xq.size
-                tile_bytes = (n_in // QK) * RECORD[kind]
-                for at_end in (True, False):
-                    wg = PageFenced((te - tb) * tile_bytes, at_end).put(w[tb * tile_bytes:te * tile_bytes])
-                    qg = PageFenced(xq.nbytes, at_end).put(xq)
-                    dg = PageFenced(xd.nbytes, at_end).put(xd)
-                    bs = b[TILE * tb:TILE * te]
-                    bg = PageFenced(bs.nbytes, at_end).put(bs)
-                    yg = PageFenced(bs.nbytes, at_end)
-                    if wg.addr % 64:
-                        return False                             # (records must be aligned)
-                    fn(wg.addr - tb * tile_bytes, qg.addr, dg.addr, bg.addr - 4 * TILE * tb,
-                       yg.addr - 4 * TILE * tb, n_in, tb, te)
-                    ok &= bool(same_bits(yg.get(np.float32), exp[TILE * tb:TILE * te]).all())
+                ok &= fenced_mv(fn, w, (xq.size // QK) * RECORD[kind], xq, xd, b, tb, te, exp)
         return ok
     run_forked(child)
+
+
+def fenced_mv(fn, w, tile_bytes, xq, xd, b, tb, te, exp, exp_nobias=None) -> bool:
+    """A q0-style matvec kernel fn on tiles [tb, te) with every buffer butting against a PROT_NONE page on
+    either side: its outputs equal exp's bits (with exp_nobias given, also called with a NULL bias).  For a
+    forked child (run_forked)."""
+    ok, n_in = True, xq.size
+    for at_end in (True, False):
+        for bias in (True, False) if exp_nobias is not None else (True,):
+            wg = PageFenced((te - tb) * tile_bytes, at_end).put(w[tb * tile_bytes:te * tile_bytes])
+            qg = PageFenced(xq.nbytes, at_end).put(xq)
+            dg = PageFenced(xd.nbytes, at_end).put(xd)
+            bs = b[TILE * tb:TILE * te]
+            bg = PageFenced(bs.nbytes, at_end).put(bs)
+            yg = PageFenced(bs.nbytes, at_end)
+            if wg.addr % 64:
+                return False                                     # (records must be aligned)
+            fn(wg.addr - tb * tile_bytes, qg.addr, dg.addr, bg.addr - 4 * TILE * tb if bias else None,
+               yg.addr - 4 * TILE * tb, n_in, tb, te)
+            e = exp if bias else exp_nobias
+            ok &= bool(same_bits(yg.get(np.float32), e[TILE * tb:TILE * te]).all())
+    return ok
 
 
 # --------------------------------------------------------------------------------------------------

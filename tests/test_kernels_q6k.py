@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import q0ref                                                         # noqa: E402
 import test_kernels_matvec as mv                                     # noqa: E402
 import test_kernels_q0 as q0                                         # noqa: E402
-from test_kernels_matvec import PageFenced, same_bits                # noqa: E402
+from test_kernels_matvec import same_bits                            # noqa: E402
 from test_kernels_q0 import Y_FILL, act, acts, native_isas, runner_modes  # noqa: E402
 from forked import run_forked                                        # noqa: E402
 
@@ -219,24 +219,8 @@ def test_matvec_page_guards():
         for isa in todo:
             fn = getattr(lib, mv_symbol(isa))
             for w, xq, xd, b, nt, tb, te, exp in jobs:
-                n_in = xq.size
-                tbytes = tile_bytes(n_in)
-                for at_end in (True, False):
-                    for bias in (True, False):
-                        wg = PageFenced((te - tb) * tbytes, at_end).put(w[tb * tbytes:te * tbytes])
-                        qg = PageFenced(xq.nbytes, at_end).put(xq)
-                        dg = PageFenced(xd.nbytes, at_end).put(xd)
-                        bs = b[TILE * tb:TILE * te]
-                        bg = PageFenced(bs.nbytes, at_end).put(bs)
-                        yg = PageFenced(bs.nbytes, at_end)
-                        if wg.addr % 64:
-                            return False
-                        fn(wg.addr - tb * tbytes, qg.addr, dg.addr, bg.addr - 4 * TILE * tb if bias else None,
-                           yg.addr - 4 * TILE * tb, n_in, tb, te)
-                        e = exp[TILE * tb:TILE * te]
-                        if not bias:
-                            e = ref(w, n_in, nt, xq, xd, None)[TILE * tb:TILE * te]
-                        ok &= bool(same_bits(yg.get(np.float32), e).all())
+                ok &= q0.fenced_mv(fn, w, tile_bytes(xq.size), xq, xd, b, tb, te, exp,
+                                   exp_nobias=ref(w, xq.size, nt, xq, xd, None))
         return ok
     run_forked(child)
 
