@@ -60,16 +60,17 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import InvalidArgumentError, shown
+from .validate import Q0_RECORD, Q0_UNIT
 from .weights import aligned_empty
 
 QK = 32                                   # inputs per block
 TILE = 64                                 # outputs per tile
 KINDS = ("q8_0", "q4_0")
-RECORD = {"q8_0": 2176, "q4_0": 1152}     # bytes per (tile, block) record: 128 bytes of scales + the ints
+RECORD = {k: Q0_RECORD[k] for k in KINDS}  # bytes per (tile, block) record: 128 bytes of scales + the ints
 BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}   # ggml's block_q8_0 / block_q4_0
 QK_K = 256                                # q6_k: inputs per super-block (one binary16 d, 16 int8 sub-scales)
-RECORD6 = 1664                            # q6_k bytes per (tile, block of 32): 128 of sub-scales, 1024 + 512 of u
-SUPER6 = 128 + 8 * RECORD6                # q6_k bytes per (tile, super-block): 64 binary16 d, 8 records (13440)
+SUPER6 = Q0_RECORD["q6_k"]                # q6_k bytes per (tile, super-block): 64 binary16 d, 8 records (13440)
+RECORD6 = (SUPER6 - 128) // 8             # q6_k bytes per (tile, block of 32): 128 of sub-scales, 1024 + 512 of u
 BLOCK_BYTES_Q6K = 2 + QK_K // 16 + 3 * QK_K // 4    # ggml's block_q6_K: ql[128], qh[64], scales[16], d (210)
 TILED_KINDS = KINDS + ("q6_k",)           # the kinds of tiled_shape / tile_bytes / quantize_tiled
 F16_MAX = np.float32(65504.0)
@@ -113,15 +114,13 @@ def tiled_shape(n_out: int, n_in: int, kind: str) -> tuple[int, int, int]:
     """Shape of the tiled uint8 array of a [n_out][n_in] matrix: (n_tiles, n_in/32, RECORD[kind]) for q8_0 /
     q4_0, (n_tiles, n_in/256, SUPER6) for q6_k."""
     _check_kind(kind, TILED_KINDS)
-    if kind == "q6_k":
-        return (n_tiles(n_out), n_in // QK_K, SUPER6)
-    return (n_tiles(n_out), n_in // QK, RECORD[kind])
+    return (n_tiles(n_out), n_in // Q0_UNIT[kind], Q0_RECORD[kind])
 
 
 def tile_bytes(n_in: int, kind: str) -> int:
     """Bytes per tile of 64 outputs: n_in/32 * RECORD[kind] (q8_0 / q4_0), n_in/256 * SUPER6 (q6_k)."""
     _check_kind(kind, TILED_KINDS)
-    return n_in // QK_K * SUPER6 if kind == "q6_k" else n_in // QK * RECORD[kind]
+    return n_in // Q0_UNIT[kind] * Q0_RECORD[kind]
 
 
 def _check_kind(kind, kinds=KINDS) -> None:
