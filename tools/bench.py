@@ -72,7 +72,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 PROMPT = "Alan Turing theorized that computers would one day become"
 LLAMA_TYPE = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
 Q0_DTYPES = ("q8_0", "q4_0")
-Q0_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}       # bytes per block of 32 weights, its fp16 scale included
 WORKER_TIMEOUT = 1200
 READBW = {"x86_64": "gpt2asm_readbw_f32_avx2", "aarch64": "gpt2asm_readbw_f32_neon"}   # our read kernel
 # each kernel family's own FMA probe: (symbol, flop per iteration); a family without one uses its arch's first
@@ -239,10 +238,11 @@ def q0_matrix_bytes(w) -> int:
     """Bytes a q8_0 / q4_0 decode step reads of weight matrices: the 4 block matrices of every layer in the
     dtype's blocks (34 or 18 bytes per 32 weights, the fp16 scale included) and the LM head in its kind
     (quant0.head_kind: q8_0 34 bytes per 32, q6_k 210 per 256), its vocabulary padded as the tiles are."""
-    from gpt2asm import quant0
+    from gpt2asm.quant0 import head_kind, row_bytes
     cfg = w.config
     C, L, V = cfg.n_embd, cfg.n_layer, getattr(w, "n_vocab_padded", cfg.vocab_size)
-    return 12 * C * C * L * Q0_BLOCK_BYTES[w.dtype] // 32 + V * quant0.row_bytes(C, quant0.head_kind(w.dtype, C))
+    # per layer c_attn 3C, attn c_proj C and c_fc 4C rows of C inputs, mlp c_proj C rows of 4C
+    return L * (8 * C * row_bytes(C, w.dtype) + C * row_bytes(4 * C, w.dtype)) + V * row_bytes(C, head_kind(w.dtype, C))
 
 
 def w_startup(model: str, dtype: str, cache: str) -> dict:
@@ -1075,8 +1075,9 @@ def main(argv=None) -> int:
     for dt, su in startup.items():
         w, c = _fastest(su.get("warm", [])), _fastest(su.get("cold", []))
         lines.append(f"- start-up {dt}: cold {_detail(c)}; warm {_detail(w)}")
+    from gpt2asm.quant0 import BLOCK_BYTES
     lines.append(f"- q8_0 / q4_0: bound = read bandwidth / bytes of their matrices per token (the block "
-                 f"matrices in the dtype's blocks, {Q0_BLOCK_BYTES['q8_0']} / {Q0_BLOCK_BYTES['q4_0']} bytes per 32 "
+                 f"matrices in the dtype's blocks, {BLOCK_BYTES['q8_0']} / {BLOCK_BYTES['q4_0']} bytes per 32 "
                  "weights with the fp16 scale; the LM head in q8_0 for q8_0, in q6_k (210 bytes per 256) for q4_0); "
                  "their prefill is integer, so no FMA-peak share. "
                  f"TTFT {prompt_len} vs f32 / vs llama.cpp Q8_0: fp32's TTFT of the same family and -j in this run, "
