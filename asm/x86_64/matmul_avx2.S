@@ -53,6 +53,7 @@
 #ifndef MM_PF_TOK
 #  define MM_PF_TOK 32
 #endif
+        .set    MM_PF_MIN, 1                    // every small call prefetches
 #define DT_F32 0
 #define DT_F16 1
 

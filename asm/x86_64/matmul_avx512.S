@@ -13,8 +13,7 @@
  * then from L2 once per block of 6 tokens, front to back.  A last block of 1..5 tokens runs the same
  * code with fewer accumulators.  The row loop is unrolled by 2.  AVX-512F instructions only.
  * zmm16-31 are used, and zeroed before returning (vzeroupper does not touch them), so no dirty upper
- * state is left behind.  (Not measured natively: the development machine has no AVX-512; correctness
- * runs under tests/avx512emu.py.)
+ * state is left behind.  (Correctness also runs under tests/avx512emu.py where the CPU has no AVX-512.)
  *
  * Registers:
  *     rdi  w: current tile                 rsi  X of the current token block
@@ -23,6 +22,7 @@
  *     r12  n_in                                    r13  tokens left in this tile's pass
  *     r15  tiles left
  *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
+ *     (rbp: matmul_body.h's prefetch cursor, unused here: this kernel prefetches relative to r10)
  *     stack: see "stack frame" below
  */
 #include "asm.S"
@@ -35,7 +35,20 @@
 #  define MATMUL_KC_BYTES 262144
 #endif
 
-#define MM_PF_TOK 0                     /* one forward stream per tile already: no prefetch */
+/* Small calls (batched decode: MM_PF_MIN <= n_tokens <= MM_PF_TOK) prefetch.  The first block of tokens
+ * of each chunk of rows streams the chunk from DRAM while doing 8-24 FMAs per 64-byte line; at that
+ * density the hardware prefetchers alone keep too few lines in flight (6 tokens: 0.85 of a plain read
+ * on Zen 5, 8 tokens 0.71).  So that block also prefetches (prefetcht0) every line MM_PF_DIST bytes
+ * ahead of its pair of rows (hints: never fault, change nothing; past the chunk they run on into the
+ * next one or past the range, harmlessly).  f32 prefetches from 4 tokens, f16 from 1 (below that the
+ * f32 stream is at the bus without it and the hints cost 5 %).  docs/notes.md "matmul (AVX-512) at small
+ * batches".  Large calls (prefill) amortize the first pass over many blocks of tokens. */
+#ifndef MM_PF_TOK
+#  define MM_PF_TOK 32
+#endif
+#ifndef MM_PF_DIST
+#  define MM_PF_DIST 8192
+#endif
 #define DT_F32 0
 #define DT_F16 1
 
@@ -155,8 +168,19 @@
         .endif
         .endm
 
-        /* the current tile for a block of \mt tokens */
-        .macro  mm_block dt, mt
+        /* \pf = 1: prefetch (prefetcht0) the lines MM_PF_DIST bytes past the pair of rows at r10 */
+        .macro  mm_pf pf
+        .if \pf
+        .irp k, 0,1,2,3,4,5,6,7
+        .if \k < 2*ROWB/64
+        prefetcht0 MM_PF_DIST+64*\k(%r10)
+        .endif
+        .endr
+        .endif
+        .endm
+
+        /* the current tile for a block of \mt tokens (\pf = 1: the chunk's first block, prefetching) */
+        .macro  mm_block dt, mt, pf=0
         cmpq    $0, KFIRST(%rsp)
         jne     .Lzero\@
         movq    %r8, %r11                       // a later chunk of rows: continue the sums
@@ -181,6 +205,7 @@
         .p2align 4
 .Lrows\@:
         mm_row  \dt, \mt, 0, 0
+        mm_pf   \pf
         mm_row  \dt, \mt, ROWB, 4
         addq    $2*ROWB, %r10
         addq    $8, %r11
@@ -235,6 +260,7 @@
         .error "MATMUL_KC_BYTES must be at least one row of weights"
         .endif
         .set    RB, 8
+        .set    MM_PF_MIN, 4
 function gpt2asm_matmul_f32_avx512
         matmul_body DT_F32
 endfunc
@@ -248,6 +274,7 @@ endfunc
         .error "MATMUL_KC_BYTES must be at least one row of weights"
         .endif
         .set    RB, 7
+        .set    MM_PF_MIN, 1
 function gpt2asm_matmul_f16_avx512
         matmul_body DT_F16
 endfunc

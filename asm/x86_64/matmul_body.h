@@ -5,7 +5,8 @@
  *
  * Before including it, a kernel file defines DT_F32 / DT_F16, the macros mm_block and mm_exit
  * (the register clean-up and ret), MM_PF_TOK (0, or: a call of at most this many tokens prefetches, see
- * matmul_avx2.S; then mm_block takes a third argument, 1 in the block that prefetches), and sets
+ * matmul_avx2.S; then mm_block takes a third argument, 1 in the block that prefetches, and the symbol
+ * MM_PF_MIN is set: calls of fewer tokens do not prefetch), and sets
  * (per weight type, before expanding matmul_body) ROWB (bytes per weight row), RB (its log2) and KCMAX
  * (rows per chunk at most).  See matmul_avx2.S for the blocking and the register use.
  */
@@ -122,6 +123,11 @@
         xorl    %eax, %eax
         cmpq    $MM_PF_TOK, %r13
         setbe   %al
+        .if MM_PF_MIN > 1
+        xorl    %r10d, %r10d
+        cmpq    $MM_PF_MIN, %r13
+        cmovb   %r10, %rax                      // fewer than MM_PF_MIN tokens: no prefetch either
+        .endif
         movq    %rax, PFB(%rsp)                 // a small call: its first block of tokens prefetches
 #endif
         cmpq    $6, %r13
