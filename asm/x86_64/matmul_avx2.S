@@ -54,6 +54,7 @@
 #  define MM_PF_TOK 32
 #endif
         .set    MM_PF_MIN, 1                    // every small call prefetches
+        .set    MM_PF_NEXT, 0                   // only in a chunk's first block of tokens
 #define DT_F32 0
 #define DT_F16 1
 

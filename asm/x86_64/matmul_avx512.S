@@ -22,7 +22,7 @@
  *     r12  n_in                                    r13  tokens left in this tile's pass
  *     r15  tiles left
  *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
- *     (rbp: matmul_body.h's prefetch cursor, unused here: this kernel prefetches relative to r10)
+ *     rbp  prefetch cursor of the later blocks of a small call: the next chunk (matmul_body.h)
  *     stack: see "stack frame" below
  */
 #include "asm.S"
@@ -35,14 +35,17 @@
 #  define MATMUL_KC_BYTES 262144
 #endif
 
-/* Small calls (batched decode: MM_PF_MIN <= n_tokens <= MM_PF_TOK) prefetch.  The first block of tokens
- * of each chunk of rows streams the chunk from DRAM while doing 8-24 FMAs per 64-byte line; at that
- * density the hardware prefetchers alone keep too few lines in flight (6 tokens: 0.85 of a plain read
- * on Zen 5, 8 tokens 0.71).  So that block also prefetches (prefetcht0) every line MM_PF_DIST bytes
- * ahead of its pair of rows (hints: never fault, change nothing; past the chunk they run on into the
- * next one or past the range, harmlessly).  f32 prefetches from 4 tokens, f16 from 1 (below that the
- * f32 stream is at the bus without it and the hints cost 5 %).  docs/notes.md "matmul (AVX-512) at small
- * batches".  Large calls (prefill) amortize the first pass over many blocks of tokens. */
+/* Small calls (batched decode: MM_PF_MIN <= n_tokens <= MM_PF_TOK) prefetch (hints: they never fault and
+ * change nothing; past the chunk or the range they run on harmlessly).  The first block of tokens of
+ * each chunk of rows streams the chunk from DRAM while doing 8-24 FMAs per 64-byte line; at that density
+ * the hardware prefetchers alone keep too few lines in flight (6 tokens: 0.85 of a plain read on Zen 5,
+ * 8 tokens 0.71).  So that block also prefetches (prefetcht0) every line MM_PF_DIST bytes ahead of its
+ * pair of rows: f32 from 4 tokens, f16 from 1 (below that the f32 stream is at the bus without it and
+ * the hints cost 5 %).  The later blocks of the chunk run from L2 with DRAM idle; in f32 each of their
+ * pairs of rows prefetches MM_PF_NEXT lines of the next chunk (rbp, from its start on), which keeps the
+ * hardware prefetchers streaming it (16 tokens 13 % faster; f16, compute-bound there, is slower with it:
+ * MM_PF_NEXT = 0).  docs/notes.md "matmul (AVX-512) at small batches".  Large calls (prefill) amortize
+ * the first pass over many blocks of tokens. */
 #ifndef MM_PF_TOK
 #  define MM_PF_TOK 32
 #endif
@@ -168,8 +171,19 @@
         .endif
         .endm
 
-        /* \pf = 1: prefetch (prefetcht0) the lines MM_PF_DIST bytes past the pair of rows at r10 */
+        /* \pf = 1 (a chunk's first block): prefetch (prefetcht0) the lines MM_PF_DIST bytes past the pair
+         * of rows at r10; \pf = 2 (its later blocks): MM_PF_NEXT lines of the next chunk at rbp, which
+         * moves on */
         .macro  mm_pf pf
+        .if \pf == 2
+        .irp k, 0,1,2,3
+        .if \k < MM_PF_NEXT
+        prefetcht0 64*\k(%rbp)
+        .endif
+        .endr
+        addq    $64*MM_PF_NEXT, %rbp
+        .exitm
+        .endif
         .if \pf
         .irp k, 0,1,2,3,4,5,6,7
         .if \k < 2*ROWB/64
@@ -179,7 +193,7 @@
         .endif
         .endm
 
-        /* the current tile for a block of \mt tokens (\pf = 1: the chunk's first block, prefetching) */
+        /* the current tile for a block of \mt tokens (\pf: prefetching, mm_pf) */
         .macro  mm_block dt, mt, pf=0
         cmpq    $0, KFIRST(%rsp)
         jne     .Lzero\@
@@ -261,6 +275,7 @@
         .endif
         .set    RB, 8
         .set    MM_PF_MIN, 4
+        .set    MM_PF_NEXT, 2
 function gpt2asm_matmul_f32_avx512
         matmul_body DT_F32
 endfunc
@@ -275,6 +290,7 @@ endfunc
         .endif
         .set    RB, 7
         .set    MM_PF_MIN, 1
+        .set    MM_PF_NEXT, 0
 function gpt2asm_matmul_f16_avx512
         matmul_body DT_F16
 endfunc

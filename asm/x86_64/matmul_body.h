@@ -5,8 +5,9 @@
  *
  * Before including it, a kernel file defines DT_F32 / DT_F16, the macros mm_block and mm_exit
  * (the register clean-up and ret), MM_PF_TOK (0, or: a call of at most this many tokens prefetches, see
- * matmul_avx2.S; then mm_block takes a third argument, 1 in the block that prefetches, and the symbol
- * MM_PF_MIN is set: calls of fewer tokens do not prefetch), and sets
+ * matmul_avx2.S; then mm_block takes a third argument: 1 in a chunk's first block, the one that prefetches,
+ * and the symbols MM_PF_MIN (calls of fewer tokens do not prefetch) and MM_PF_NEXT are set: if nonzero,
+ * the chunk's later blocks run with the argument 2, prefetching the next chunk from rbp on), and sets
  * (per weight type, before expanding matmul_body) ROWB (bytes per weight row), RB (its log2) and KCMAX
  * (rows per chunk at most).  See matmul_avx2.S for the blocking and the register use.
  */
@@ -24,7 +25,7 @@
         .set    WT, 56                          // the current tile
         .set    X0, 64                          // X
         .set    KCE, 72                         // rows per chunk: ceil(n_in / ceil(n_in / KCMAX))
-        .set    PFB, 80                         // 1 while this chunk's next block of tokens prefetches
+        .set    PFB, 80                         // the next block of tokens prefetches: 1 (first block), 2 (later)
         .set    FRAME, 88
 
         /* one block of \mt tokens: with MM_PF_TOK, the variant that prefetches while PFB is set (then
@@ -33,8 +34,18 @@
 #if MM_PF_TOK
         cmpq    $0, PFB(%rsp)
         je      .Lnopf\@
+        .if MM_PF_NEXT
+        cmpq    $1, PFB(%rsp)
+        jne     .Lnext\@
+        mm_block \dt, \mt, 1
+        movq    $2, PFB(%rsp)                   // the chunk's later blocks prefetch the next chunk
+        jmp     .Lpfd\@
+.Lnext\@:
+        mm_block \dt, \mt, 2
+        .else
         mm_block \dt, \mt, 1
         movq    $0, PFB(%rsp)
+        .endif
         jmp     .Lpfd\@
 .Lnopf\@:
         mm_block \dt, \mt, 0
