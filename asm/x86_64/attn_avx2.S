@@ -513,20 +513,8 @@ endfunc
  *           t < n_pos for every row, then t = n_pos + j for the rows r > j only.
  * Rows past n_rows repeat the last one (the same operands, so the same values, stored twice).
  */
-#define RL_OUT       0                              /* out (row 0)                          */
-#define RL_V         8                              /* v                                    */
-#define RL_R        16                              /* n_rows                               */
-#define RL_O1       24                              /* rows 1-3: byte offsets of out        */
-#define RL_O2       32
-#define RL_O3       40
-#define RL_S1       48                              /* rows 1-3: byte offsets of scratch    */
-#define RL_S2       56
-#define RL_S3       64
-#define RL_CNT      72                              /* softmax rows / quarters left         */
-#define RL_LOC      80
-#define RA_ROWS     (RL_LOC + 56)                   /* stack arguments                      */
-#define RA_LDQ      (RL_LOC + 64)
-#define RA_LDO      (RL_LOC + 72)
+#define RL_EXTRA     0
+#include "attn_rows.h"
 
 /*
  * dotrow r, qp
@@ -587,59 +575,13 @@ endfunc
         pvfma       11, 6, 7
         .endm
 
-        /* \dst = min(\r, R - 1), R - 1 in r10 */
-        .macro  rowidx r, dst
-        movq        $\r, \dst
-        cmpq        \dst, %r10
-        cmovbq      %r10, \dst
-        .endm
-
-        /* \tmp = \slot(%rsp) = \idx * \bytes */
-        .macro  rowoff idx, bytes, tmp, slot
-        movq        \idx, \tmp
-        imulq       \bytes, \tmp
-        movq        \tmp, \slot(%rsp)
-        .endm
-
         /* registers: scores: rdi / rcx / rbx / rbp q of rows 0-3, rsi k_t, rax scratch column t,
          * r10 / r12 / r13 scratch offsets of rows 1-3, r14 scratch row stride (bytes), r15 positions
          * left, r8 scratch, r9 n_pos, r11 math_avx2; p.V: rdx v quarter, rsi v_t quarter, rax p column,
          * rdi out quarter (row 0) */
         .macro  attention_rows_avx2 name, es
 function \name
-        push_callee
-        subq        $RL_LOC, %rsp
-        movq        RA_ROWS(%rsp), %rax
-        leaq        -1(%rax), %r10                  // R - 1
-        cmpq        $3, %r10
-        ja          9f                              // n_rows outside 1..4
-        movrel      %r11, math_avx2
-        movq        %rcx, RL_OUT(%rsp)
-        movq        %rdx, RL_V(%rsp)
-        movq        %rax, RL_R(%rsp)
-        leaq        (%r9,%r10), %r15                // nmax = n_pos + R - 1
-        leaq        15(%r15), %r14
-        andq        $-16, %r14
-        shlq        $2, %r14                        // scratch row stride: 4 roundup16(nmax)
-        rowidx      1, %rcx                         // rows 1-3 -> rows min(r, R - 1)
-        rowidx      2, %rbx
-        rowidx      3, %rbp
-        movq        RA_LDO(%rsp), %rdx
-        shlq        $2, %rdx                        // ldo bytes
-        rowoff      %rcx, %rdx, %rax, RL_O1
-        rowoff      %rbx, %rdx, %rax, RL_O2
-        rowoff      %rbp, %rdx, %rax, RL_O3
-        rowoff      %rcx, %r14, %r10, RL_S1         // (kept in r10, r12, r13 for the scores)
-        rowoff      %rbx, %r14, %r12, RL_S2
-        rowoff      %rbp, %r14, %r13, RL_S3
-        movq        RA_LDQ(%rsp), %rax
-        shlq        $2, %rax                        // ldq bytes
-        imulq       %rax, %rcx
-        addq        %rdi, %rcx                      // q rows 1-3
-        imulq       %rax, %rbx
-        addq        %rdi, %rbx
-        imulq       %rax, %rbp
-        addq        %rdi, %rbp
+        rows_enter  math_avx2
 
         /* scores of every row at positions 0 .. nmax - 1 */
         movq        %r8, %rax

@@ -320,35 +320,8 @@ endfunc
  * Rows past n_rows repeat the last one (the same operands, so the same values, stored twice).
  * zmm16-31 are zeroed before returning (vzeroupper leaves them).
  */
-#define ZL_OUT       0                              /* out (row 0)                          */
-#define ZL_V         8                              /* v                                    */
-#define ZL_R        16                              /* n_rows                               */
-#define ZL_O1       24                              /* rows 1-3: byte offsets of out        */
-#define ZL_O2       32
-#define ZL_O3       40
-#define ZL_S1       48                              /* rows 1-3: byte offsets of scratch    */
-#define ZL_S2       56
-#define ZL_S3       64
-#define ZL_CNT      72                              /* softmax rows left                    */
-#define ZL_BUF      80                              /* binary16: 1 KiB (+ 64 to align) of widened k */
-#define ZL_LOC      (ZL_BUF + 1024 + 64)
-#define ZA_ROWS     (ZL_LOC + 56)                   /* stack arguments                      */
-#define ZA_LDQ      (ZL_LOC + 64)
-#define ZA_LDO      (ZL_LOC + 72)
-
-        /* \dst = min(\r, R - 1), R - 1 in r10 */
-        .macro  zrowidx r, dst
-        movq        $\r, \dst
-        cmpq        \dst, %r10
-        cmovbq      %r10, \dst
-        .endm
-
-        /* \tmp = \slot(%rsp) = \idx * \bytes */
-        .macro  zrowoff idx, bytes, tmp, slot
-        movq        \idx, \tmp
-        imulq       \bytes, \tmp
-        movq        \tmp, \slot(%rsp)
-        .endm
+#define RL_EXTRA     (1024 + 64)                    /* binary16: 1 KiB (+ 64 to align) of widened k at RL_BUF */
+#include "attn_rows.h"
 
 /*
  * zrp op, lo, hi, d, a, b, t
@@ -509,44 +482,12 @@ endfunc
          * p.V: rsi v_t, rax p column, r15 positions left */
         .macro  attention_rows_avx512 name, es
 function \name
-        push_callee
-        subq        $ZL_LOC, %rsp
-        movq        ZA_ROWS(%rsp), %rax
-        leaq        -1(%rax), %r10                  // R - 1
-        cmpq        $3, %r10
-        ja          9f                              // n_rows outside 1..4
-        movrel      %r11, math_avx512
-        movq        %rcx, ZL_OUT(%rsp)
-        movq        %rdx, ZL_V(%rsp)
-        movq        %rax, ZL_R(%rsp)
-        leaq        (%r9,%r10), %r15                // nmax = n_pos + R - 1
-        leaq        15(%r15), %r14
-        andq        $-16, %r14
-        shlq        $2, %r14                        // scratch row stride: 4 roundup16(nmax)
-        zrowidx     1, %rcx                         // rows 1-3 -> rows min(r, R - 1)
-        zrowidx     2, %rbx
-        zrowidx     3, %rbp
-        movq        ZA_LDO(%rsp), %rdx
-        shlq        $2, %rdx                        // ldo bytes
-        zrowoff     %rcx, %rdx, %rax, ZL_O1
-        zrowoff     %rbx, %rdx, %rax, ZL_O2
-        zrowoff     %rbp, %rdx, %rax, ZL_O3
-        zrowoff     %rcx, %r14, %r10, ZL_S1         // (kept in r10, r12, r13 for the scores)
-        zrowoff     %rbx, %r14, %r12, ZL_S2
-        zrowoff     %rbp, %r14, %r13, ZL_S3
-        movq        ZA_LDQ(%rsp), %rax
-        shlq        $2, %rax                        // ldq bytes
-        imulq       %rax, %rcx
-        addq        %rdi, %rcx                      // q rows 1-3
-        imulq       %rax, %rbx
-        addq        %rdi, %rbx
-        imulq       %rax, %rbp
-        addq        %rdi, %rbp
+        rows_enter  math_avx512
         zldq        %rdi, 16, 17, 18, 19           // q of rows 0-3 into zmm16-31
         zldq        %rcx, 20, 21, 22, 23
         zldq        %rbx, 24, 25, 26, 27
         zldq        %rbp, 28, 29, 30, 31
-        leaq        ZL_BUF+63(%rsp), %rdi
+        leaq        RL_BUF+63(%rsp), %rdi
         andq        $-64, %rdi                      // the binary16 buffer
 
         /* scores of every row at positions 0 .. nmax - 1, 4 per step */
@@ -576,20 +517,20 @@ function \name
         /* p = softmax(s) of row r over its n_pos + r scores, in place */
         movq        %r8, %rbx
         movq        %r9, %r15
-        movq        ZL_R(%rsp), %rax
-        movq        %rax, ZL_CNT(%rsp)
+        movq        RL_R(%rsp), %rax
+        movq        %rax, RL_CNT(%rsp)
 4:
         softmax_avx512 %rbx, %rbx, %r15, %r11, %rax, %r10, %rcx
         addq        %r14, %rbx
         incq        %r15
-        decq        ZL_CNT(%rsp)
+        decq        RL_CNT(%rsp)
         jnz         4b
 
         /* o = sum_t p_t v_t: the 4 rows' 64 outputs in zmm0-15, one pass */
-        movq        ZL_S1(%rsp), %r10
-        movq        ZL_S2(%rsp), %r12
-        movq        ZL_S3(%rsp), %r13
-        movq        ZL_V(%rsp), %rsi
+        movq        RL_S1(%rsp), %r10
+        movq        RL_S2(%rsp), %r12
+        movq        RL_S3(%rsp), %r13
+        movq        RL_V(%rsp), %rsi
         movq        %r8, %rax
         movq        %r9, %r15
         vclear  vpxord, zmm, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
@@ -599,24 +540,24 @@ function \name
         addq        $4, %rax
         decq        %r15
         jnz         5b
-        cmpq        $2, ZL_R(%rsp)                  // t = n_pos + j: rows j+1 .. 3
+        cmpq        $2, RL_R(%rsp)                  // t = n_pos + j: rows j+1 .. 3
         jb          6f
         zpv         \es, 1
         addq        $64*\es, %rsi
         addq        $4, %rax
-        cmpq        $3, ZL_R(%rsp)
+        cmpq        $3, RL_R(%rsp)
         jb          6f
         zpv         \es, 2
         addq        $64*\es, %rsi
         addq        $4, %rax
-        cmpq        $4, ZL_R(%rsp)
+        cmpq        $4, RL_R(%rsp)
         jb          6f
         zpv         \es, 3
 6:
-        movq        ZL_OUT(%rsp), %rdi
-        movq        ZL_O1(%rsp), %rcx
-        movq        ZL_O2(%rsp), %rbx
-        movq        ZL_O3(%rsp), %rbp
+        movq        RL_OUT(%rsp), %rdi
+        movq        RL_O1(%rsp), %rcx
+        movq        RL_O2(%rsp), %rbx
+        movq        RL_O3(%rsp), %rbp
         vstore  %rdi, 0, 64, zmm, 0, 1, 2, 3
         addq        %rdi, %rcx
         vstore  %rcx, 0, 64, zmm, 4, 5, 6, 7
@@ -626,7 +567,7 @@ function \name
         vstore  %rbp, 0, 64, zmm, 12, 13, 14, 15
         vclear  vpxord, zmm, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31
 9:
-        addq        $ZL_LOC, %rsp
+        addq        $RL_LOC, %rsp
         pop_callee
         vzeroupper
         ret
