@@ -625,26 +625,7 @@ function \name
         movq        %rdx, %rsi
         movq        %r8, %rax
         movq        %r9, %r15
-4:                                                  // t < n_pos: every row
-        pvq         \es, 0
-        addq        $64*\es, %rsi
-        addq        $4, %rax
-        decq        %r15
-        jnz         4b
-        cmpq        $2, RL_R(%rsp)                  // t = n_pos + j: rows j+1 .. 3
-        jb          5f
-        pvq         \es, 1
-        addq        $64*\es, %rsi
-        addq        $4, %rax
-        cmpq        $3, RL_R(%rsp)
-        jb          5f
-        pvq         \es, 2
-        addq        $64*\es, %rsi
-        addq        $4, %rax
-        cmpq        $4, RL_R(%rsp)
-        jb          5f
-        pvq         \es, 3
-5:
+        rows_pv     pvq, \es
         movq        RL_O1(%rsp), %rcx
         movq        RL_O2(%rsp), %rbx
         movq        RL_O3(%rsp), %rbp

@@ -534,26 +534,7 @@ function \name
         movq        %r8, %rax
         movq        %r9, %r15
         vclear  vpxord, zmm, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
-5:                                                  // t < n_pos: every row
-        zpv         \es, 0
-        addq        $64*\es, %rsi
-        addq        $4, %rax
-        decq        %r15
-        jnz         5b
-        cmpq        $2, RL_R(%rsp)                  // t = n_pos + j: rows j+1 .. 3
-        jb          6f
-        zpv         \es, 1
-        addq        $64*\es, %rsi
-        addq        $4, %rax
-        cmpq        $3, RL_R(%rsp)
-        jb          6f
-        zpv         \es, 2
-        addq        $64*\es, %rsi
-        addq        $4, %rax
-        cmpq        $4, RL_R(%rsp)
-        jb          6f
-        zpv         \es, 3
-6:
+        rows_pv     zpv, \es
         movq        RL_OUT(%rsp), %rdi
         movq        RL_O1(%rsp), %rcx
         movq        RL_O2(%rsp), %rbx

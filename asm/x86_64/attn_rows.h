@@ -1,6 +1,7 @@
 /*
  * asm/x86_64/attn_rows.h -- what gpt2asm_attention_rows_* of attn_avx2.S and attn_avx512.S share (docs/kernels.md
- * "gpt2asm_attention_rows"): the stack frame, and the argument set-up up to the 4 rows' q pointers.
+ * "gpt2asm_attention_rows"): the stack frame, the argument set-up up to the 4 rows' q pointers, and the p.V loop
+ * over the positions around the ISA's step.
  *
  * The including file defines RL_EXTRA (bytes of its own frame space at RL_BUF: AVX-512's binary16 buffer, 0 for
  * AVX2) before including it.
@@ -77,6 +78,32 @@
         addq        %rdi, %rbx
         imulq       %rax, %rbp
         addq        %rdi, %rbp
+        .endm
+
+        /* p.V over the positions: \pv \es, first for each position (rsi v_t, rax its p column; both step
+         * on), t < n_pos (r15 = n_pos) with every row (first = 0), then t = n_pos + j for the rows j + 1 ..
+         * R - 1 (first = j + 1) */
+        .macro  rows_pv pv, es
+.Lpv\@:                                             // t < n_pos: every row
+        \pv         \es, 0
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        decq        %r15
+        jnz         .Lpv\@
+        cmpq        $2, RL_R(%rsp)                  // t = n_pos + j: rows j+1 .. 3
+        jb          .Lpvend\@
+        \pv         \es, 1
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        cmpq        $3, RL_R(%rsp)
+        jb          .Lpvend\@
+        \pv         \es, 2
+        addq        $64*\es, %rsi
+        addq        $4, %rax
+        cmpq        $4, RL_R(%rsp)
+        jb          .Lpvend\@
+        \pv         \es, 3
+.Lpvend\@:
         .endm
 
 #endif
