@@ -41,8 +41,9 @@ def same_checkpoint_w256(ckpt_w256) -> bool:
     return hashlib.sha256((ckpt_w256 / "model.safetensors").read_bytes()).hexdigest() == CHECKPOINT_W256_SHA256
 
 
-@pytest.mark.parametrize("dtype, kv", list(PINNED), ids=lambda p: str(p))
-def test_fingerprint_pinned_on_every_family(ckpt_tiny, families, same_checkpoint, dtype, kv):
+def agreed_fingerprint(ckpt, families, dtype, check=None, **load) -> str:
+    """The logits fingerprint of ckpt at dtype, the same on every family here that runs dtype's plan jobs
+    (q8_0 / q4_0: kernels.Q0_PLAN_FAMILIES; skipped if none) at -j 1 and 2; check(model) on each first."""
     if dtype in ("q8_0", "q4_0"):                  # the families whose executor runs the q0 jobs
         from gpt2asm.kernels import Q0_PLAN_FAMILIES
         families = [f for f in families if f in Q0_PLAN_FAMILIES]
@@ -51,31 +52,30 @@ def test_fingerprint_pinned_on_every_family(ckpt_tiny, families, same_checkpoint
     got = {}
     for fam in families:
         for threads in (1, 2):
-            m = GPT2.load(ckpt_tiny, dtype=dtype, isa=fam, threads=threads, kv=kv)
+            m = GPT2.load(ckpt, dtype=dtype, isa=fam, threads=threads, **load)
+            if check is not None:
+                check(m)
             got[fam, threads] = fingerprint(m, PROMPTS, STEPS)[0]
             m.close()
     assert len(set(got.values())) == 1, got
+    return next(iter(got.values()))
+
+
+@pytest.mark.parametrize("dtype, kv", list(PINNED), ids=lambda p: str(p))
+def test_fingerprint_pinned_on_every_family(ckpt_tiny, families, same_checkpoint, dtype, kv):
+    got = agreed_fingerprint(ckpt_tiny, families, dtype, kv=kv)
     if not same_checkpoint:
         pytest.skip("the random checkpoint generator produced other weights (numpy changed?): "
                     "families agree with each other, the pinned x86 value cannot be compared")
-    assert set(got.values()) == {PINNED[dtype, kv]}, got
+    assert got == PINNED[dtype, kv], got
 
 
 @pytest.mark.parametrize("dtype", list(PINNED_W256))
 def test_fingerprint_w256_pinned_on_every_family(ckpt_w256, families, same_checkpoint_w256, dtype):
     """The q6_k head (q4_0 of a 256-wide model) and the q8_0 one on every family, -j 1 / 2."""
-    from gpt2asm.kernels import Q0_PLAN_FAMILIES
-    families = [f for f in families if f in Q0_PLAN_FAMILIES]
-    if not families:
-        pytest.skip(f"no kernel family here runs the {dtype} plan jobs yet")
-    got = {}
-    for fam in families:
-        for threads in (1, 2):
-            m = GPT2.load(ckpt_w256, dtype=dtype, isa=fam, threads=threads)
-            assert m.model.w.head_w.shape[2] == (13440 if dtype == "q4_0" else 2176)
-            got[fam, threads] = fingerprint(m, PROMPTS, STEPS)[0]
-            m.close()
-    assert len(set(got.values())) == 1, got
+    def head_kind(m):
+        assert m.model.w.head_w.shape[2] == (13440 if dtype == "q4_0" else 2176)
+    got = agreed_fingerprint(ckpt_w256, families, dtype, check=head_kind)
     if not same_checkpoint_w256:
         pytest.skip("the random checkpoint generator produced other weights: families agree, pinned not compared")
-    assert set(got.values()) == {PINNED_W256[dtype]}, got
+    assert got == PINNED_W256[dtype], got
