@@ -6,8 +6,8 @@ tools/arm64/run_tests.py (make test-arm64) runs each test file under qemu-aarch6
     GPT2ASM_QEMU_SVL   the streaming vector length in bits it gives (512, 256, 128; 0 = no SME)
 On real hardware none is set: the helpers return None and tests use what the CPU reports.
 
-    from arm64_qemu import IS_ARM, qemu_config, qemu_svl_bits, first_config
-    pytestmark = pytest.mark.skipif(not IS_ARM, reason="AArch64 only")
+    from arm64_qemu import IS_ARM, qemu_config, qemu_svl_bits, first_config, neon_once_marks
+    pytestmark = pytest.mark.skipif(not IS_ARM, reason="AArch64 only")     # (NEON tests: neon_once_marks())
 """
 from __future__ import annotations
 
@@ -45,3 +45,12 @@ def first_config() -> bool:
     configuration (sme512 by default), or always on real hardware."""
     name = qemu_config()
     return name is None or name == os.environ.get("GPT2ASM_QEMU_FIRST", name)
+
+
+def neon_once_marks() -> list:
+    """The pytest marks of an SVL-independent (NEON) AArch64 test: AArch64 only, and only in the first
+    emulated CPU configuration (first_config); as a module's pytestmark, or each applied to a function."""
+    import pytest
+    return [pytest.mark.skipif(not IS_ARM, reason="AArch64 only (make test-arm64 runs it under qemu)"),
+            pytest.mark.skipif(IS_ARM and not first_config(),
+                               reason="NEON does not depend on the SME configuration: first one only")]

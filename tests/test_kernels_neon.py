@@ -46,7 +46,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT))
 
-from arm64_qemu import IS_ARM, first_config  # noqa: E402
+from arm64_qemu import IS_ARM, neon_once_marks  # noqa: E402
 from gpt2asm.checkasm import open_library  # noqa: E402
 from forked import run_forked  # noqa: E402
 import test_kernels_matvec as mv  # noqa: E402   (matvec models, harness and test functions)
@@ -68,9 +68,9 @@ NEON_SYMBOLS = ["gpt2asm_matvec_f32_neon", "gpt2asm_matvec_f16_neon", "gpt2asm_l
 
 def arm_test(fn):
     """AArch64 only, and only in the first emulated CPU configuration (NEON is SVL-independent)."""
-    fn = pytest.mark.skipif(not IS_ARM, reason="AArch64 only (make test-arm64 runs it under qemu)")(fn)
-    return pytest.mark.skipif(IS_ARM and not first_config(),
-                              reason="NEON does not depend on the SME configuration: first one only")(fn)
+    for mark in neon_once_marks():
+        fn = mark(fn)
+    return fn
 
 
 def bind(lib: ctypes.CDLL, family: str) -> ctypes.CDLL:

@@ -36,14 +36,12 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 import q0ref  # noqa: E402
-from arm64_qemu import IS_ARM, first_config  # noqa: E402
+from arm64_qemu import neon_once_marks  # noqa: E402
 from forked import run_forked  # noqa: E402
 from test_kernels_matvec import Guarded, PageFenced, Y_FILL, check_guarded  # noqa: E402
 from test_kernels_q0_arm import MISALIGN, same_bits  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(not IS_ARM, reason="AArch64 only (make test-arm64 runs it under qemu)"),
-              pytest.mark.skipif(IS_ARM and not first_config(),
-                                 reason="NEON does not depend on the SME configuration: first one only")]
+pytestmark = neon_once_marks()
 
 F32, TILE, QK, QK_K = np.float32, 64, 32, q0ref.QK_K
 P, S = ctypes.c_void_p, ctypes.c_size_t
