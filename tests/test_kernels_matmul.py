@@ -23,6 +23,8 @@ Each call is checked against
 Run:  pytest tests/test_kernels_matmul.py
       python tests/test_kernels_matmul.py --bench [--tokens T] [--rounds N] [--wall]
           (GFLOP/s at T = 512 on the GPT-2 124M shapes, speed-up over T matvec calls)
+      python tests/test_kernels_matmul.py --bench --cold T [--rounds N]
+          (a batched decode's T tokens, weights from DRAM: read / kernel per shape and for a step)
 """
 from __future__ import annotations
 
@@ -546,10 +548,45 @@ def bench(T: int = 512, rounds: int = 5, chunk_mb: int = 160, wall: bool = False
                   f"matmuls on 2 threads {tot['mm2'] * 1e3:.0f} ms", flush=True)
 
 
+def bench_cold(T: int, rounds: int = 11, chunk_mb: int = 320) -> None:
+    """The matmuls at a batched decode's few tokens, where the weights come from DRAM: per ISA, dtype and 124M
+    shape, T tokens' matmul over weights in no cache against a plain read of the same bytes (the matvec
+    bench's harness: mv.bench_shapes, interleaved rounds), then the step's totals (12 x each layer matrix +
+    the head).  For an A/B of builds with other -D knobs, run it again with GPT2ASM_TEST_LIB=that library
+    (GPT2ASM_ASFLAGS='-DMM_PF_DIST=4096' python build.py --out DIR)."""
+    lib = load_lib()
+    have = cpu_isas(lib)
+    readbw = mv.readbw_baseline(lib, have)
+    if readbw is None:
+        return
+    chunk = chunk_mb << 20
+    buf, next_chunk = mv.stream_buffers(chunk_mb, np.uint8(0x11))         # finite as f32 / f16
+    X = (np.random.default_rng(0).standard_normal((T, 3072)) * 0.1).astype(np.float32)
+    Y = np.empty((T, 50304), np.float32)
+    bias = np.zeros(50304, np.float32)
+    print(f"T = {T} tokens, weights from DRAM; medians of {rounds} interleaved rounds (thread CPU time)")
+    print(f"{'kernel':26s} {'shape':22s} {'us/call':>9s} {'GB/s':>7s} {'read GB/s':>10s} {'ratio':>6s}")
+    for isa in ISAS:
+        if isa not in have:
+            print(f"{isa}: not on this CPU, skipped")
+            continue
+        for dtype in DTYPES:
+            es = ESIZE[dtype]
+            mm = getattr(lib, symbol(dtype, isa))
+            tk, tr = mv.bench_shapes(
+                symbol(dtype, isa), 26, rounds, time.thread_time, chunk, lambda i, o, es=es: i * o * es,
+                lambda p, n_in, nt, mm=mm: mm(p, X.ctypes.data, 3072, bias.ctypes.data, Y.ctypes.data, 50304,
+                                              T, n_in, 0, nt), readbw, next_chunk)
+            print(f"  124M {dtype} {isa}, T = {T}: matmuls {tk * 1e3:.2f} ms a step, read/kernel {tr / tk:.3f}")
+
+
 if __name__ == "__main__":
     if "--bench" in sys.argv[1:]:
         args = sys.argv[1:]
         opt = lambda name, d: int(args[args.index(name) + 1]) if name in args else d
-        bench(opt("--tokens", 512), opt("--rounds", 5), wall="--wall" in args)
+        if "--cold" in args:
+            bench_cold(opt("--cold", 8), opt("--rounds", 11))
+        else:
+            bench(opt("--tokens", 512), opt("--rounds", 5), wall="--wall" in args)
     else:
         sys.exit(pytest.main([__file__, *sys.argv[1:]]))
