@@ -16,7 +16,7 @@ import stat
 import sys
 import time
 
-from .__main__ import DTYPE_LABELS, positive_int
+from .__main__ import DTYPE_LABELS, _OutputError, _silence_stdout, _write, positive_int
 from .errors import GPT2AsmError, InvalidArgumentError, shown
 from .safefs import os_error_text
 
@@ -100,9 +100,17 @@ def main(argv: list[str] | None = None) -> int:
             bar.end()
         stride = args.stride or default_stride(model.n_ctx)
         n = int((lp == lp).sum())
-        print(f"perplexity {perplexity(lp):.4f} over {n} tokens (n_ctx {model.n_ctx}, stride {stride}; "
-              f"{model.isa}, {DTYPE_LABELS[model.dtype]}, -j {model.threads}); {n / dt:.1f} tokens/s")
+        _write(sys.stdout, f"perplexity {perplexity(lp):.4f} over {n} tokens (n_ctx {model.n_ctx}, stride "
+                           f"{stride}; {model.isa}, {DTYPE_LABELS[model.dtype]}, -j {model.threads}); "
+                           f"{n / dt:.1f} tokens/s\n")
         return 0
+    except BrokenPipeError:                           # `... | head -c 0`: the reader is gone
+        _silence_stdout()
+        return 141
+    except _OutputError as e:                         # /dev/full, a closed descriptor
+        _silence_stdout()
+        print(f"gpt2asm.perplexity: error: cannot write to standard output: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ngpt2asm.perplexity: interrupted", file=sys.stderr)
         return 130

@@ -113,3 +113,8 @@ def test_perplexity_tool(ckpt_ctx, tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpt2asm.perplexity", "--model", str(ckpt_ctx),
                         str(tmp_path / "missing.txt")], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    with open("/dev/full", "w") as full:                                 # a full stdout: one line, status 2
+        r = subprocess.run([sys.executable, "-m", "gpt2asm.perplexity", "--model", str(ckpt_ctx), "-q", str(f)],
+                           stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("gpt2asm.perplexity: error: cannot write to standard output")
