@@ -54,7 +54,10 @@ def integer(name: str, v, lo: int, hi: int | None = None) -> int:
 def number(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise InvalidArgumentError(f"{name} must be a number, got {type(v).__name__} {shown(v)}")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:                  # an int beyond the float range (10**400)
+        f = math.inf
     if not math.isfinite(f) or not (lo < f if lo_open else lo <= f) or f > hi:
         raise InvalidArgumentError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {shown(v)}")
     return f

@@ -26,7 +26,8 @@ Every sequence has its own State (KV cache) and Sampler, so its logits and token
 GPT2.generate run alone with the same arguments (the prefill gives the bits of one step per token in any
 chunking; step_batch the bits of Transformer.step).  The model's kernels are not re-entrant: only the
 driver (the background thread of start(), or whoever calls step()/run()) touches the model; call() runs
-other model work (scoring) on it between steps.
+other model work (scoring) on it between steps, one call a step (so the running sequences keep decoding
+while a long list of texts is scored; a call whose Future was cancelled before it started is skipped).
 
 Seeds: sample k of a prompt whose seed is s samples with seed (s + k) mod 2**64 (sample_seed), so it can
 be reproduced alone with GPT2.generate(prompt, seed=sample_seed(s, k)).
@@ -284,10 +285,10 @@ class Scheduler:
             self.step()
 
     def step(self) -> None:
-        """One driver iteration: cancellations, admissions, a prefill chunk, one batched decode step."""
+        """One driver iteration: cancellations, admissions, one call(), a prefill chunk, one batched decode
+        step."""
         with self._lock:
-            calls = list(self._calls)
-            self._calls.clear()
+            calls = [self._calls.popleft()] if self._calls else []    # one call an iteration: decoding goes on
             for s in self._running:
                 if s.req.cancelled and not s.finished:
                     self._finish(s, "cancelled")
@@ -477,8 +478,7 @@ class Scheduler:
         self.cancel_all(reason)
         with self._lock:
             self._closed = True
-            calls = list(self._calls)
-            self._calls.clear()
+            calls = [self._calls.popleft()] if self._calls else []    # one call an iteration: decoding goes on
             self._wake.notify_all()
         for _, fut in calls:
             fut.cancel()

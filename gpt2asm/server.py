@@ -53,6 +53,7 @@ MAX_BODY = 8 << 20                     # bytes of a request body
 MAX_N = 128                            # samples per prompt
 MAX_CHOICES = 1024                     # prompts x n per request
 MAX_LOGPROBS = 20
+MAX_SCORED = 65536                     # prompt tokens an echo + logprobs request scores (its response: ~40 MB)
 ACCEPTED_NOOPS = {"user", "stream_options", "suffix", "presence_penalty", "frequency_penalty", "best_of",
                   "logit_bias"}
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream",
@@ -112,9 +113,9 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
     if "model" in body and body["model"] not in (None, model_id):
         raise APIError(404, f"the model {shown(body['model'])} does not exist; this server serves {model_id!r}",
                        param="model", code="model_not_found")
-    for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("suffix", None)):
+    for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("suffix", "")):
         if body.get(name) not in (None, neutral):
-            raise APIError(400, f"{name} is not supported (only {neutral!r})", param=name)
+            raise APIError(400, f"{name} is not supported (only {neutral!r} or null)", param=name)
     if body.get("logit_bias") not in (None, {}):
         raise APIError(400, "logit_bias is not supported", param="logit_bias")
     prompt = body.get("prompt", "")
@@ -175,6 +176,9 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
     except GPT2AsmError as e:
         raise APIError(400, str(e)) from None
     prompt_ids = [ids or [m.tokenizer.eot_id] for ids in id_lists]
+    if echo and logprobs is not None and sum(map(len, prompt_ids)) > MAX_SCORED:
+        raise APIError(400, f"echo with logprobs scores at most {MAX_SCORED} prompt tokens a request, got "
+                            f"{sum(map(len, prompt_ids))}: split the prompts over several requests", param="prompt")
     return dict(specs=seqs, n=n, prompt_ids=prompt_ids, texts=texts, stream=stream, echo=echo,
                 logprobs=logprobs, include_usage=bool(so and so.get("include_usage")))
 
@@ -225,6 +229,34 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the system can still give (Linux: MemAvailable; elsewhere the physical total), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_kv_memory(m, max_batch: int) -> None:
+    """--max-batch sequences each hold a KV cache of the whole context: refuse a batch whose caches cannot
+    fit in the memory the system has left after loading the model (rather than run out of it under load)."""
+    cfg = m.model.cfg
+    per = 2 * cfg.n_layer * cfg.n_ctx * cfg.n_embd * (4 if m.kv == "f32" else 2)
+    have = available_memory()
+    if have is not None and max_batch * per > have:
+        raise InvalidArgumentError(
+            f"--max-batch {max_batch} needs {max_batch * per / 2**30:.1f} GiB of KV caches ({per / 2**20:.0f} MiB "
+            f"a sequence, --kv {m.kv}), more than the {have / 2**30:.1f} GiB this machine has available: "
+            f"use --max-batch {max(1, have // per // 2)} or less" + (" (or --kv f16)" if m.kv == "f32" else ""))
+
+
 class App:
     """The server's state: the model (loaded in the background), the scheduler, flags, metrics."""
 
@@ -249,6 +281,7 @@ class App:
         from .scheduler import Scheduler
         try:
             m = self.loader()
+            check_kv_memory(m, self.max_batch)
             self.sched = Scheduler(m, self.max_batch, self.max_queue, self.prefill_chunk).start()
             self.m = m
             log.info("gpt2asm: serving %s (%s, %s, -j %d)", self.model_id, m.isa, m.dtype, m.threads)
@@ -407,10 +440,18 @@ def create_app(state: App):
             k = p["logprobs"]
             futs = [sched.call(lambda ids=ids: prompt_logprobs(m, ids, k)) for ids in p["prompt_ids"]]
             try:
-                prompt_lp = [await asyncio.wrap_future(f) for f in futs]
+                waits = [asyncio.wrap_future(f) for f in futs]
+                while not all(w.done() for w in waits):         # the client still there? (4 times a second)
+                    await asyncio.wait(waits, timeout=0.25, return_when=asyncio.ALL_COMPLETED)
+                    if not all(w.done() for w in waits) and await request.is_disconnected():
+                        return Response(status_code=499)         # the finally cancels the rest
+                prompt_lp = [w.result() for w in waits]
             except NonFiniteLogitsError as e:                    # the model's fault, not the request's
                 raise APIError(500, f"scoring the prompt failed: {e}", "server_error",
                                code="generation_failed") from None
+            finally:
+                for f in futs:
+                    f.cancel()                                   # a no-op for those run or running
         last: dict = {}
         t_submit = time.monotonic()
         mt = state.metrics
@@ -622,6 +663,21 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) (an IPv4 or IPv6 address or a host name), for uvicorn to listen on."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -633,10 +689,23 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
               "(starlette, uvicorn, prometheus_client)", file=sys.stderr)
         return 2
     if args.drain_timeout < 0 or not math.isfinite(args.drain_timeout):
-        print("gpt2asm serve: error: --drain-timeout must be >= 0", file=sys.stderr)
+        print(f"gpt2asm serve: error: --drain-timeout must be a finite number of seconds >= 0, got "
+              f"{args.drain_timeout}", file=sys.stderr)
         return 2
     if args.api_key == "":
         args.api_key = None
+    if args.api_key is not None and not all("!" <= c <= "~" for c in args.api_key):
+        print("gpt2asm serve: error: the API key (--api-key or $GPT2ASM_API_KEY) must be visible ASCII "
+              "characters (what an Authorization header carries): no spaces, controls or other letters",
+              file=sys.stderr)
+        return 2
+    if sock is None:                                      # bind first: a taken port or a bad host is an
+        try:                                              # error before the model loads
+            sock = bind(args.host, args.port)
+        except OSError as e:
+            print(f"gpt2asm serve: error: cannot listen on {args.host} port {args.port}: "
+                  f"{e.strerror or e}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     name = args.name or (os.path.basename(os.path.normpath(str(args.model))) if args.model else "gpt2")
 
@@ -662,7 +731,9 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
     state.on_load_error = failed
     for sig in (signal.SIGTERM, signal.SIGINT):           # uvicorn re-raises the signal it caught once it
         signal.signal(sig, lambda *a: None)                # has shut down: a no-op then, so the exit is 0
-    server.run(sockets=[sock] if sock is not None else None)
+    host, port = sock.getsockname()[:2]
+    log.info("gpt2asm: listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+    server.run(sockets=[sock])
     if state.load_error is not None:
         e = state.load_error
         print(f"gpt2asm serve: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

@@ -112,7 +112,8 @@ def test_non_finite_logits_refused(softmax, bad, kernel, temperature):
 
 @pytest.mark.parametrize("kw", [dict(temperature=-1), dict(temperature=float("nan")), dict(top_k=-1),
                                 dict(top_k=-1.0), dict(top_k=40.0), dict(top_k=1.5), dict(top_p=0), dict(top_p=1.1),
-                                dict(repetition_penalty=0), dict(seed=-1), dict(seed=1 << 64)])
+                                dict(repetition_penalty=0), dict(seed=-1), dict(seed=1 << 64),
+                                dict(temperature=10 ** 400), dict(top_p=10 ** 400), dict(repetition_penalty=10 ** 400)])
 def test_bad_parameters(softmax, kw):
     with pytest.raises(InvalidArgumentError):
         Sampler(softmax, **kw)

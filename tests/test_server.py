@@ -202,7 +202,9 @@ def test_errors(srv, ref):
                        (dict(stream="yes"), "stream"), (dict(echo=1), "echo"), (dict(logprobs=99), "logprobs"),
                        (dict(prompt=[[1], "a"]), "prompt"), (dict(prompt=[10 ** 9]), "prompt"),
                        (dict(prompt={"a": 1}), "prompt"), (dict(frequency_penalty=1), "frequency_penalty"),
-                       (dict(bogus=1), "bogus"), (dict(best_of=3), "best_of")):
+                       (dict(bogus=1), "bogus"), (dict(best_of=3), "best_of"), (dict(suffix="x"), "suffix"),
+                       (dict(temperature=10 ** 400), "temperature"), (dict(top_p=10 ** 400), "top_p"),
+                       (dict(repetition_penalty=10 ** 400), "repetition_penalty")):
         err(http(u, {"prompt": "Hi", **bad}), 400, param)
     err(http(u, {"prompt": "Hi", "max_tokens": ref.n_ctx}), 400, "max_tokens", "context_length_exceeded")
     err(http(u, {"prompt": [0] * (ref.n_ctx + 1), "max_tokens": 0}), 400, code="context_length_exceeded")
@@ -215,6 +217,38 @@ def test_errors(srv, ref):
     err(http(srv.url + "/detokenize", {"tokens": [-1]}), 400)
     with pytest.raises(openai.BadRequestError):
         srv.client().completions.create(model="tiny", prompt="Hi", temperature=7000)
+    assert http(u, {"prompt": "Hi", "max_tokens": 1, "suffix": ""})[0] == 200         # as some clients send it
+
+
+def test_echo_logprobs_work_is_bounded_and_cancelled(srv, monkeypatch):
+    """echo + logprobs scores at most MAX_SCORED prompt tokens a request (400 past it); the scoring runs one
+    prompt a driver step, and a client that goes away has the prompts not yet scored skipped."""
+    import gpt2asm.server as server
+    u = srv.url + "/v1/completions"
+    monkeypatch.setattr(server, "MAX_SCORED", 10)
+    err(http(u, {"prompt": [[1] * 6, [2] * 5], "echo": True, "logprobs": 1, "max_tokens": 0}), 400, "prompt")
+    assert http(u, {"prompt": [[1] * 6, [2] * 5], "echo": True, "max_tokens": 0})[0] == 200      # no logprobs
+    monkeypatch.setattr(server, "MAX_SCORED", 1 << 20)
+    scored, real = [], server.prompt_logprobs
+
+    def slow(m, ids, k):
+        scored.append(len(ids))
+        time.sleep(0.05)
+        return real(m, ids, k)
+    monkeypatch.setattr(server, "prompt_logprobs", slow)
+    body = json.dumps({"prompt": [[5, 6, 7]] * 200, "echo": True, "logprobs": 2, "max_tokens": 0}).encode()
+    with socket.create_connection(("127.0.0.1", srv.port)) as c:
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        t0 = time.monotonic()
+        while not scored:
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.01)
+    t0 = time.monotonic()
+    while srv.state.sched._calls:
+        assert time.monotonic() - t0 < 30, "the scoring of a disconnected request went on"
+        time.sleep(0.05)
+    assert len(scored) < 100, len(scored)
 
 
 
@@ -425,3 +459,34 @@ def test_serve_command_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpt2asm", "serve", "--max-batch", "0"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--max-batch" in r.stderr and "Traceback" not in r.stderr
+    with socket.socket() as taken:                                     # the port is taken: before the model loads
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for where in (["--port", str(taken.getsockname()[1])], ["--host", "256.1.1.1"]):
+            r = subprocess.run([sys.executable, "-m", "gpt2asm", "serve", "--model", str(tmp_path / "none"), *where],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 2 and r.stderr.startswith("gpt2asm serve: error: cannot listen on"), r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for key in (b"k\xff", b"two words", "k\u00e4".encode()):                # not what a header carries
+        r = subprocess.run([sys.executable.encode(), b"-m", b"gpt2asm", b"serve", b"--api-key", key, b"--port", b"0"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "API key" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_max_batch_beyond_memory(ckpt_tiny, monkeypatch):
+    """A --max-batch whose KV caches cannot fit in the memory left is refused when the model has loaded."""
+    import gpt2asm.server as server
+    from gpt2asm import InvalidArgumentError
+    with GPT2.load(ckpt_tiny) as m:
+        cfg = m.model.cfg
+        per = 2 * cfg.n_layer * cfg.n_ctx * cfg.n_embd * 4
+        monkeypatch.setattr(server, "available_memory", lambda: 10 * per)
+        server.check_kv_memory(m, 10)
+        with pytest.raises(InvalidArgumentError, match="--max-batch 11 needs"):
+            server.check_kv_memory(m, 11)
+    s = Running(ckpt_tiny, max_batch=11)
+    try:
+        assert s.state.loaded.wait(60) and isinstance(s.state.load_error, InvalidArgumentError)
+        err(http(s.url + "/v1/completions", {"prompt": "Hi"}), 503, code="loading")
+    finally:
+        s.stop()
