@@ -225,13 +225,17 @@ class Scheduler:
             free -= size
         return beyond
 
-    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
-        """Run fn() on the driver between steps (other model work, e.g. scoring); its Future."""
+    def call(self, fn: Callable[[], object], first: bool = False) -> concurrent.futures.Future:
+        """Run fn() on the driver between steps (other model work, e.g. scoring; one call a step, in order, or
+        before the others with first); its Future."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._closed:
                 raise SchedulerClosedError("the scheduler is closed")
-            self._calls.append((fn, fut))
+            if first:
+                self._calls.appendleft((fn, fut))
+            else:
+                self._calls.append((fn, fut))
             self._wake.notify()
         return fut
 
@@ -466,7 +470,7 @@ class Scheduler:
                 self._reap()
         if self._thread is not None and self._thread.is_alive() and threading.current_thread() is not self._thread:
             try:
-                self.call(end).result()
+                self.call(end, first=True).result()
                 return
             except SchedulerClosedError:
                 pass
