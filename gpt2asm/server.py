@@ -244,17 +244,19 @@ def available_memory() -> int | None:
         return None
 
 
-def check_kv_memory(m, max_batch: int) -> None:
-    """--max-batch sequences each hold a KV cache of the whole context: refuse a batch whose caches cannot
-    fit in the memory the system has left after loading the model (rather than run out of it under load)."""
+def kv_batch_limit(m, max_batch: int) -> int:
+    """The sequences whose KV caches (each of the whole context) fit in the memory the system has left after
+    loading the model, at most max_batch: the server decodes at most that many at once (the rest wait in
+    the queue) rather than run out of memory under load.  InvalidArgumentError if not even one fits."""
     cfg = m.model.cfg
     per = 2 * cfg.n_layer * cfg.n_ctx * cfg.n_embd * (4 if m.kv == "f32" else 2)
     have = available_memory()
-    if have is not None and max_batch * per > have:
-        raise InvalidArgumentError(
-            f"--max-batch {max_batch} needs {max_batch * per / 2**30:.1f} GiB of KV caches ({per / 2**20:.0f} MiB "
-            f"a sequence, --kv {m.kv}), more than the {have / 2**30:.1f} GiB this machine has available: "
-            f"use --max-batch {max(1, have // per // 2)} or less" + (" (or --kv f16)" if m.kv == "f32" else ""))
+    if have is None or max_batch * per <= have:
+        return max_batch
+    if have < per:
+        raise InvalidArgumentError(f"one sequence's KV cache needs {per / 2**20:.0f} MiB (--kv {m.kv}); this "
+                                   f"machine has {have / 2**20:.0f} MiB available")
+    return int(have // per)
 
 
 class App:
@@ -281,7 +283,12 @@ class App:
         from .scheduler import Scheduler
         try:
             m = self.loader()
-            check_kv_memory(m, self.max_batch)
+            fit = kv_batch_limit(m, self.max_batch)
+            if fit < self.max_batch:
+                log.warning("gpt2asm: --max-batch %d: the KV caches of only %d sequences fit in the memory left "
+                            "(%.1f GiB); decoding at most %d at once%s", self.max_batch, fit,
+                            (available_memory() or 0) / 2**30, fit, " (--kv f16 halves them)" if m.kv == "f32" else "")
+                self.max_batch = fit
             self.sched = Scheduler(m, self.max_batch, self.max_queue, self.prefill_chunk).start()
             self.m = m
             log.info("gpt2asm: serving %s (%s, %s, -j %d)", self.model_id, m.isa, m.dtype, m.threads)
