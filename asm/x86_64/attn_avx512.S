@@ -309,8 +309,12 @@ endfunc
  *           register operand, k the memory one: q * k + acc as dotpos_avx2), the 16 hsum16 trees done
  *           together by the transposing reduction of gpt2asm_attention_f32_avx512 (with one temporary:
  *           zmm16-31 are taken), * 0.125f, lanes 4r..4r+3 = row r's 4 scores into its scratch row.
- *           binary16: the group's 4 k rows are first widened exactly (vcvtph2ps) into a 1 KiB stack
- *           buffer, whose floats are the memory operands.  The last 1..3 positions: the missing ones
+ *           binary16 (zgroup_h): the 4 rows' q are copied once into a 1 KiB stack buffer, and the group
+ *           runs chunk by chunk: for c = 0..3, q_r[16c..] from the buffer into zmm16-19 and the 4 k rows'
+ *           elements 16c.. widened exactly (vcvtph2ps) into zmm20-23, then the 16 fmas (the same q * k +
+ *           acc, the same order c = 0..3 per sum; widening k into a stack buffer as the FMAs' memory
+ *           operands instead, 16 zmm stores a group reloaded at once, was 8 % slower on Zen 5).
+ *           The last 1..3 positions: the missing ones
  *           repeat the last row (no over-read), their scores land past n_pos + n_rows - 1 in the row;
  *           a row's scores past its own n_pos + r are computed and never read;
  *   softmax of each row (n_pos + r entries; the macro of gpt2asm_softmax_f32_avx512);
@@ -320,7 +324,7 @@ endfunc
  * Rows past n_rows repeat the last one (the same operands, so the same values, stored twice).
  * zmm16-31 are zeroed before returning (vzeroupper leaves them).
  */
-#define RL_EXTRA     (1024 + 64)                    /* binary16: 1 KiB (+ 64 to align) of widened k at RL_BUF */
+#define RL_EXTRA     (1024 + 64)                    /* binary16: 1 KiB (+ 64 to align) of q at RL_BUF */
 #include "attn_rows.h"
 
 /*
@@ -363,25 +367,11 @@ endfunc
         .endm
 
 /*
- * zgroup p0, d0, p1, d1, p2, d2, p3, d3
- *   zmm0 = lanes 4r+a: the score (* 0.125f) of row r at the float32 k row \da(\pa), a = 0..3.
- *   Register of (position a, row r): zmm(4a+r).  zmm15 is the first reduction step's temporary, so
- *   (a = 3, r = 3) is computed after it.  Clobbers zmm0-15.
+ * zred_rest: the transposing reduction of the 16 dot64 lane vectors zmm(4a+r) after its first step (zrp
+ * vshuff64x2 0x44 / 0xEE into zmm0 from zmm0, zmm1): zmm0 = lanes 4r+a, each the hsum16 tree of
+ * gpt2asm_attention_f32_avx512, * 0.125f.  Clobbers zmm1-15.
  */
-        .macro  zgroup p0, d0, p1, d1, p2, d2, p3, d3
-        .irp R, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14
-        zdot0       \R
-        .endr
-        zdotcs 0, 16, 20, 24, 28, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
-        zdotcs 1, 17, 21, 25, 29, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
-        zdotcs 2, 18, 22, 26, 30, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
-        zdotcs 3, 19, 23, 27, 31, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
-        zrp  vshuff64x2, 0x44, 0xEE, 0, 0, 1, 15    // w = 8
-        zdot0       15
-        zdotc 15, 28, 0, \p3, \d3
-        zdotc 15, 29, 1, \p3, \d3
-        zdotc 15, 30, 2, \p3, \d3
-        zdotc 15, 31, 3, \p3, \d3
+        .macro  zred_rest
         zrp  vshuff64x2, 0x44, 0xEE, 1, 2, 3, 1
         zrp  vshuff64x2, 0x44, 0xEE, 2, 4, 5, 2
         zrp  vshuff64x2, 0x44, 0xEE, 3, 6, 7, 3
@@ -399,28 +389,77 @@ endfunc
         vmulps      KZ_EIGHTH(%r11){1to16}, %zmm0, %zmm0    // * 0.125
         .endm
 
-/* zwiden p0, d0, ..., p3, d3: the 4 binary16 k rows at \da(\pa) widened into the buffer at (%rdi) */
-        .macro  zwiden1 a, p, d, r0, r1, r2, r3     // zmm\r0-3: temporaries
-        vcvtph2ps   \d+ 0(\p), %zmm\r0
-        vcvtph2ps   \d+32(\p), %zmm\r1
-        vcvtph2ps   \d+64(\p), %zmm\r2
-        vcvtph2ps   \d+96(\p), %zmm\r3
-        vmovaps     %zmm\r0, 256*\a+  0(%rdi)
-        vmovaps     %zmm\r1, 256*\a+ 64(%rdi)
-        vmovaps     %zmm\r2, 256*\a+128(%rdi)
-        vmovaps     %zmm\r3, 256*\a+192(%rdi)
+/*
+ * zgroup p0, d0, p1, d1, p2, d2, p3, d3
+ *   zmm0 = lanes 4r+a: the score (* 0.125f) of row r at the float32 k row \da(\pa), a = 0..3.
+ *   Register of (position a, row r): zmm(4a+r).  zmm15 is the first reduction step's temporary, so
+ *   (a = 3, r = 3) is computed after it.  Clobbers zmm0-15.
+ */
+        .macro  zgroup p0, d0, p1, d1, p2, d2, p3, d3
+        .irp R, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14
+        zdot0       \R
+        .endr
+        zdotcs 0, 16, 20, 24, 28, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zdotcs 1, 17, 21, 25, 29, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zdotcs 2, 18, 22, 26, 30, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zdotcs 3, 19, 23, 27, 31, \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
+        zrp  vshuff64x2, 0x44, 0xEE, 0, 0, 1, 15    // w = 8, its first step
+        zdot0       15
+        zdotc 15, 28, 0, \p3, \d3
+        zdotc 15, 29, 1, \p3, \d3
+        zdotc 15, 30, 2, \p3, \d3
+        zdotc 15, 31, 3, \p3, \d3
+        zred_rest
         .endm
 
-/* zscores es, p0, d0, ..., p3, d3: the group's scores (es = 2: widened first) into the scratch rows */
+/*
+ * zgroup_h p0, d0, p1, d1, p2, d2, p3, d3
+ *   zgroup for binary16 k rows at \da(\pa): zmm0 = lanes 4r+a, the scores (* 0.125f).  Per chunk c = 0..3:
+ *   q_r[16c..16c+16) of the 4 rows from the buffer at (%rdi) (row r at 256 r) into zmm16-19, the 4 k rows'
+ *   elements 16c.. widened into zmm20-23, acc(a, r) = zmm(4a+r) = fma(q_r, k_a, acc) (q the register
+ *   multiplicand, k the other, as zdotc); then zgroup's reduction (its first temporary zmm24).  Clobbers
+ *   zmm0-24.
+ */
+        .macro  zgroup_h p0, d0, p1, d1, p2, d2, p3, d3
+        .irp R, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        zdot0       \R
+        .endr
+        .irp c, 0,1,2,3
+        vmovaps     64*\c(%rdi), %zmm16
+        vmovaps     256+64*\c(%rdi), %zmm17
+        vmovaps     512+64*\c(%rdi), %zmm18
+        vmovaps     768+64*\c(%rdi), %zmm19
+        vcvtph2ps   \d0+32*\c(\p0), %zmm20
+        vcvtph2ps   \d1+32*\c(\p1), %zmm21
+        vcvtph2ps   \d2+32*\c(\p2), %zmm22
+        vcvtph2ps   \d3+32*\c(\p3), %zmm23
+        vfmadd231ps %zmm20, %zmm16, %zmm0
+        vfmadd231ps %zmm20, %zmm17, %zmm1
+        vfmadd231ps %zmm20, %zmm18, %zmm2
+        vfmadd231ps %zmm20, %zmm19, %zmm3
+        vfmadd231ps %zmm21, %zmm16, %zmm4
+        vfmadd231ps %zmm21, %zmm17, %zmm5
+        vfmadd231ps %zmm21, %zmm18, %zmm6
+        vfmadd231ps %zmm21, %zmm19, %zmm7
+        vfmadd231ps %zmm22, %zmm16, %zmm8
+        vfmadd231ps %zmm22, %zmm17, %zmm9
+        vfmadd231ps %zmm22, %zmm18, %zmm10
+        vfmadd231ps %zmm22, %zmm19, %zmm11
+        vfmadd231ps %zmm23, %zmm16, %zmm12
+        vfmadd231ps %zmm23, %zmm17, %zmm13
+        vfmadd231ps %zmm23, %zmm18, %zmm14
+        vfmadd231ps %zmm23, %zmm19, %zmm15
+        .endr
+        zrp  vshuff64x2, 0x44, 0xEE, 0, 0, 1, 24    // w = 8, its first step
+        zred_rest
+        .endm
+
+/* zscores es, p0, d0, ..., p3, d3: the group's scores (es = 2: zgroup_h) into the scratch rows */
         .macro  zscores es, p0, d0, p1, d1, p2, d2, p3, d3
         .if \es == 4
         zgroup      \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
         .else
-        zwiden1     0, \p0, \d0, 0, 1, 2, 3
-        zwiden1     1, \p1, \d1, 4, 5, 6, 7
-        zwiden1     2, \p2, \d2, 8, 9, 10, 11
-        zwiden1     3, \p3, \d3, 12, 13, 14, 15
-        zgroup      %rdi, 0, %rdi, 256, %rdi, 512, %rdi, 768
+        zgroup_h    \p0, \d0, \p1, \d1, \p2, \d2, \p3, \d3
         .endif
         vmovups     %xmm0, (%rax)
         vextractf32x4 $1, %zmm0, (%rax,%r10)
@@ -487,8 +526,26 @@ function \name
         zldq        %rcx, 20, 21, 22, 23
         zldq        %rbx, 24, 25, 26, 27
         zldq        %rbp, 28, 29, 30, 31
+        .if \es == 2
         leaq        RL_BUF+63(%rsp), %rdi
-        andq        $-64, %rdi                      // the binary16 buffer
+        andq        $-64, %rdi                      // binary16: q of row r at 256 r (%rdi), for zgroup_h
+        vmovaps     %zmm16, 0(%rdi)
+        vmovaps     %zmm17, 64(%rdi)
+        vmovaps     %zmm18, 128(%rdi)
+        vmovaps     %zmm19, 192(%rdi)
+        vmovaps     %zmm20, 256(%rdi)
+        vmovaps     %zmm21, 320(%rdi)
+        vmovaps     %zmm22, 384(%rdi)
+        vmovaps     %zmm23, 448(%rdi)
+        vmovaps     %zmm24, 512(%rdi)
+        vmovaps     %zmm25, 576(%rdi)
+        vmovaps     %zmm26, 640(%rdi)
+        vmovaps     %zmm27, 704(%rdi)
+        vmovaps     %zmm28, 768(%rdi)
+        vmovaps     %zmm29, 832(%rdi)
+        vmovaps     %zmm30, 896(%rdi)
+        vmovaps     %zmm31, 960(%rdi)
+        .endif
 
         /* scores of every row at positions 0 .. nmax - 1, 4 per step */
         movq        %r8, %rax
