@@ -167,19 +167,26 @@ def test_side_endpoints(srv, ref):
 def test_disconnect_frees_slots(srv):
     """A non-streaming request whose client goes away ends at the next step (its slots freed)."""
     before = srv.state.metrics.finished.labels("cancelled")._value.get()
-    body = json.dumps({"prompt": "Hello", "max_tokens": 1000, "temperature": 0, "n": 2}).encode()
+    post_and_hang_up(srv, {"prompt": "Hello", "max_tokens": 1000, "temperature": 0, "n": 2},
+                     lambda: srv.state.sched.running >= 2)
+    wait_for(lambda: not srv.state.sched.running, "a disconnected request kept its slots")
+    assert srv.state.metrics.finished.labels("cancelled")._value.get() == before + 2
+
+
+def wait_for(cond, what: str, timeout: float = 30) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, what
+        time.sleep(0.02)
+
+
+def post_and_hang_up(srv, body: dict, started) -> None:
+    """POST body to /v1/completions on a raw connection, and close it once started() is true."""
+    raw = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", srv.port)) as c:
         c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        t0 = time.monotonic()
-        while srv.state.sched.running < 2:
-            assert time.monotonic() - t0 < 30
-            time.sleep(0.01)
-    t0 = time.monotonic()
-    while srv.state.sched.running:
-        assert time.monotonic() - t0 < 30, "a disconnected request kept its slots"
-        time.sleep(0.05)
-    assert srv.state.metrics.finished.labels("cancelled")._value.get() == before + 2
+                  b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+        wait_for(started, "the request did not start")
 
 
 def err(status_body, status, param=None, code=None):
@@ -236,20 +243,10 @@ def test_echo_logprobs_work_is_bounded_and_cancelled(srv, monkeypatch):
         time.sleep(0.05)
         return real(m, ids, k)
     monkeypatch.setattr(server, "prompt_logprobs", slow)
-    body = json.dumps({"prompt": [[5, 6, 7]] * 200, "echo": True, "logprobs": 2, "max_tokens": 0}).encode()
-    with socket.create_connection(("127.0.0.1", srv.port)) as c:
-        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        t0 = time.monotonic()
-        while not scored:
-            assert time.monotonic() - t0 < 30
-            time.sleep(0.01)
-    t0 = time.monotonic()
-    while srv.state.sched._calls:
-        assert time.monotonic() - t0 < 30, "the scoring of a disconnected request went on"
-        time.sleep(0.05)
+    post_and_hang_up(srv, {"prompt": [[5, 6, 7]] * 200, "echo": True, "logprobs": 2, "max_tokens": 0},
+                     lambda: scored)
+    wait_for(lambda: not srv.state.sched._calls, "the scoring of a disconnected request went on")
     assert len(scored) < 100, len(scored)
-
 
 
 def test_errors_quote_bad_values_briefly(srv):
