@@ -292,7 +292,11 @@ class Scheduler:
         """One driver iteration: cancellations, admissions, one call(), a prefill chunk, one batched decode
         step."""
         with self._lock:
-            calls = [self._calls.popleft()] if self._calls else []    # one call an iteration: decoding goes on
+            calls = []                                # one call an iteration (decoding goes on between them);
+            while self._calls and not calls:          # those cancelled before they ran are dropped
+                fn, fut = self._calls.popleft()
+                if not fut.cancelled():
+                    calls.append((fn, fut))
             for s in self._running:
                 if s.req.cancelled and not s.finished:
                     self._finish(s, "cancelled")
@@ -482,7 +486,8 @@ class Scheduler:
         self.cancel_all(reason)
         with self._lock:
             self._closed = True
-            calls = [self._calls.popleft()] if self._calls else []    # one call an iteration: decoding goes on
+            calls = list(self._calls)
+            self._calls.clear()
             self._wake.notify_all()
         for _, fut in calls:
             fut.cancel()

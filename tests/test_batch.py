@@ -180,6 +180,18 @@ def test_threaded_scheduler_queue_and_close(ckpt_tiny):
             full.submit([SeqSpec([1], 2, dict(temperature=-1))])
         full.close()
         assert full.idle
+        calls = Scheduler(m, max_batch=2)                            # call(): one a step, in order (first: ahead)
+        order, futs = [], [calls.call(lambda i=i: order.append(i) or i) for i in range(3)]
+        futs.append(calls.call(lambda: order.append("first"), first=True))
+        futs[1].cancel()                                             # cancelled before it ran: skipped
+        calls.step()
+        assert order == ["first"]
+        calls.step()
+        calls.step()
+        assert order == ["first", 0, 2] and futs[2].result() == 2 and calls.idle
+        late = [calls.call(lambda: order.append("late")) for _ in range(3)]
+        calls.close()                                                # every queued call cancelled
+        assert all(f.cancelled() for f in late) and order == ["first", 0, 2]
 
 
 def test_api_lists_and_samples(ckpt_tiny):
