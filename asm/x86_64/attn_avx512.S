@@ -529,22 +529,7 @@ function \name
         .if \es == 2
         leaq        RL_BUF+63(%rsp), %rdi
         andq        $-64, %rdi                      // binary16: q of row r at 256 r (%rdi), for zgroup_h
-        vmovaps     %zmm16, 0(%rdi)
-        vmovaps     %zmm17, 64(%rdi)
-        vmovaps     %zmm18, 128(%rdi)
-        vmovaps     %zmm19, 192(%rdi)
-        vmovaps     %zmm20, 256(%rdi)
-        vmovaps     %zmm21, 320(%rdi)
-        vmovaps     %zmm22, 384(%rdi)
-        vmovaps     %zmm23, 448(%rdi)
-        vmovaps     %zmm24, 512(%rdi)
-        vmovaps     %zmm25, 576(%rdi)
-        vmovaps     %zmm26, 640(%rdi)
-        vmovaps     %zmm27, 704(%rdi)
-        vmovaps     %zmm28, 768(%rdi)
-        vmovaps     %zmm29, 832(%rdi)
-        vmovaps     %zmm30, 896(%rdi)
-        vmovaps     %zmm31, 960(%rdi)
+        vstore      %rdi, 0, 64, zmm, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31
         .endif
 
         /* scores of every row at positions 0 .. nmax - 1, 4 per step */
