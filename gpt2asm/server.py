@@ -45,7 +45,7 @@ import uuid
 from .args import integer, sampling as check_sampling
 from .errors import (ContextOverflowError, GPT2AsmError, InvalidArgumentError, NonFiniteLogitsError,
                      SHOWN_LIMIT, shown)
-from .validate import is_int
+from .validate import KV_DTYPES, is_int
 
 log = logging.getLogger("gpt2asm.server")
 
@@ -245,18 +245,23 @@ def available_memory() -> int | None:
 
 
 def kv_batch_limit(m, max_batch: int) -> int:
-    """The sequences whose KV caches (each of the whole context) fit in the memory the system has left after
-    loading the model, at most max_batch: the server decodes at most that many at once (the rest wait in
-    the queue) rather than run out of memory under load.  InvalidArgumentError if not even one fits."""
+    """The sequences whose KV caches (each of the whole context, as State holds them) fit in the memory the
+    system has left after loading the model, at most max_batch (with a warning when fewer): the server
+    decodes at most that many at once (the rest wait in the queue) rather than run out of memory under
+    load.  InvalidArgumentError if not even one fits."""
     cfg = m.model.cfg
-    per = 2 * cfg.n_layer * cfg.n_ctx * cfg.n_embd * (4 if m.kv == "f32" else 2)
+    per = 2 * cfg.n_layer * cfg.n_head * cfg.n_ctx * cfg.head_dim * KV_DTYPES[m.kv].itemsize
     have = available_memory()
     if have is None or max_batch * per <= have:
         return max_batch
     if have < per:
         raise InvalidArgumentError(f"one sequence's KV cache needs {per / 2**20:.0f} MiB (--kv {m.kv}); this "
                                    f"machine has {have / 2**20:.0f} MiB available")
-    return int(have // per)
+    fit = int(have // per)
+    log.warning("gpt2asm: --max-batch %d: the KV caches of only %d sequences fit in the memory left (%.1f GiB); "
+                "decoding at most %d at once%s", max_batch, fit, have / 2**30, fit,
+                " (--kv f16 halves them)" if m.kv == "f32" else "")
+    return fit
 
 
 class App:
@@ -283,12 +288,7 @@ class App:
         from .scheduler import Scheduler
         try:
             m = self.loader()
-            fit = kv_batch_limit(m, self.max_batch)
-            if fit < self.max_batch:
-                log.warning("gpt2asm: --max-batch %d: the KV caches of only %d sequences fit in the memory left "
-                            "(%.1f GiB); decoding at most %d at once%s", self.max_batch, fit,
-                            (available_memory() or 0) / 2**30, fit, " (--kv f16 halves them)" if m.kv == "f32" else "")
-                self.max_batch = fit
+            self.max_batch = kv_batch_limit(m, self.max_batch)
             self.sched = Scheduler(m, self.max_batch, self.max_queue, self.prefill_chunk).start()
             self.m = m
             log.info("gpt2asm: serving %s (%s, %s, -j %d)", self.model_id, m.isa, m.dtype, m.threads)
