@@ -216,11 +216,12 @@ def run_and_check(runners, c: Case, tb, te, *, f64=True, seed=0, emu_ok=True):
 # --------------------------------------------------------------------------------------------------
 # tests
 
-@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 32, 33])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 16, 32, 33])
 def test_token_counts(variant, T):
-    """Every token-block tail (T mod 6), odd n_in, row strides with gaps, tile ranges; the small calls'
-    prefetching blocks (T <= 32: a chunk's first block and its later ones, AVX-512 f32 from 4 tokens)
-    and the first call without them (33)."""
+    """Every token-block tail (T mod 6), AVX-512 binary16's blocks of 8 (8, 9, 16: then 6 and the tails;
+    a call of 8-32 tokens in 64-row chunks), odd n_in, row strides with gaps, tile ranges; the small
+    calls' prefetching blocks (T <= 32: a chunk's first block and its later ones, AVX-512 f32 from 4
+    tokens) and the first call without them (33)."""
     dtype, runners = variant
     rng = np.random.default_rng(100 + T)
     for k, (n_in, nt, tb, te) in enumerate(((1, 1, 0, 1), (3, 2, 0, 2), (17, 3, 1, 3), (64, 2, 1, 2),

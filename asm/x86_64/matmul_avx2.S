@@ -55,6 +55,7 @@
 #endif
         .set    MM_PF_MIN, 1                    // every small call prefetches
         .set    MM_PF_NEXT, 0                   // only in a chunk's first block of tokens
+        .set    MM_B8, 0                        // no blocks of 8 tokens (matmul_body.h)
 #define DT_F32 0
 #define DT_F16 1
 

@@ -12,6 +12,10 @@
  * 24 FMAs, one broadcast of X[tok][i] per token (zmm28-29).  So a tile streams from memory once, and
  * then from L2 once per block of 6 tokens, front to back.  A last block of 1..5 tokens runs the same
  * code with fewer accumulators.  The row loop is unrolled by 2.  AVX-512F instructions only.
+ * Binary16 takes the tokens in blocks of 8 first (MM_B8; then 6, then 1..5): a block of 8 sweeps the
+ * chunk twice, once per half of the tile (8 tokens x 32 outputs = 16 accumulators, zmm0-15; the half
+ * row widened into zmm24-25, broadcasts zmm28-31): per row 32 FMAs and 4 widenings, against 6 + 2
+ * tokens' 32 FMAs, 8 widenings and a 2-token block bound by its 8 FMA chains' latency.
  * zmm16-31 are used, and zeroed before returning (vzeroupper does not touch them), so no dirty upper
  * state is left behind.  (Correctness also runs under tests/avx512emu.py where the CPU has no AVX-512.)
  *
@@ -22,6 +26,7 @@
  *     r12  n_in                                    r13  tokens left in this tile's pass
  *     r15  tiles left
  *     r10  weight cursor   r11  X cursor, tokens 0-2   rax  X cursor, tokens 3-5   rbx  row counter
+ *     r14  X cursor, tokens 6-7 (blocks of 8)
  *     rbp  prefetch cursor of the later blocks of a small call: the next chunk (matmul_body.h)
  *     stack: see "stack frame" below
  */
@@ -45,9 +50,17 @@
  * pairs of rows prefetches MM_PF_NEXT lines of the next chunk (rbp, from its start on), which keeps the
  * hardware prefetchers streaming it (16 tokens 13 % faster; f16, compute-bound there, is slower with it:
  * MM_PF_NEXT = 0).  docs/notes.md "matmul (AVX-512) at small batches".  Large calls (prefill) amortize
- * the first pass over many blocks of tokens. */
+ * the first pass over many blocks of tokens.
+ * A small binary16 call with a block of 8 (8 <= n_tokens <= MM_PF_TOK) takes its rows in chunks of
+ * MM_KC_B8 bytes instead (64 rows; the sums parked in y between chunks as in K-blocking): the first
+ * half's pass of a chunk prefetches MM_PF_DIST bytes on (the next chunk), so DRAM streams it while
+ * both passes run.  One long pass per half left DRAM idle during the second (read / kernel 0.55
+ * against the 6 + 2 blocks' 0.65); 8 KiB chunks 0.64-0.69 (docs/notes.md "binary16 blocks of 8"). */
 #ifndef MM_PF_TOK
 #  define MM_PF_TOK 32
+#endif
+#ifndef MM_KC_B8
+#  define MM_KC_B8 8192
 #endif
 #ifndef MM_PF_DIST
 #  define MM_PF_DIST 8192
@@ -195,6 +208,15 @@
 
         /* the current tile for a block of \mt tokens (\pf: prefetching, mm_pf) */
         .macro  mm_block dt, mt, pf=0
+        .if \mt == 8                            // 8 tokens: the two halves of the tile in turn
+        mm_half8 \dt, 0, \pf                    // the first half's pass streams the chunk (prefetching)
+        .if \pf == 1
+        mm_half8 \dt, 1, 0                      // the second reads it from L1 / L2
+        .else
+        mm_half8 \dt, 1, \pf
+        .endif
+        .exitm
+        .endif
         cmpq    $0, KFIRST(%rsp)
         jne     .Lzero\@
         movq    %r8, %r11                       // a later chunk of rows: continue the sums
@@ -253,6 +275,120 @@
 .Ldone\@:
         .endm
 
+        /* binary16, 8 tokens on one half of the tile (\h = 0: outputs 0-31, 1: 32-63): 2 accumulators a
+         * token, token t in zmm(2t), zmm(2t+1); one row's half (\woff bytes from r10) widened into
+         * zmm24-25, broadcasts round robin in zmm28-31; X cursors r11 (tokens 0-2), rax (3-5), r14 (6-7).
+         * Per (token, output) the FMA of mm_row: the same operation and operand order, so the same bits. */
+        .macro  mm_row8 dt, h, woff, xoff
+        .if \dt != DT_F16
+        .error "blocks of 8 tokens are binary16 only (MM_B8)"
+        .endif
+        vcvtph2ps   \woff+64*\h(%r10), %zmm24
+        vcvtph2ps   \woff+64*\h+32(%r10), %zmm25
+        vbroadcastss \xoff(%r11), %zmm28
+        vfmadd231ps %zmm24, %zmm28, %zmm0
+        vfmadd231ps %zmm25, %zmm28, %zmm1
+        vbroadcastss \xoff(%r11,%rdx), %zmm29
+        vfmadd231ps %zmm24, %zmm29, %zmm2
+        vfmadd231ps %zmm25, %zmm29, %zmm3
+        vbroadcastss \xoff(%r11,%rdx,2), %zmm30
+        vfmadd231ps %zmm24, %zmm30, %zmm4
+        vfmadd231ps %zmm25, %zmm30, %zmm5
+        vbroadcastss \xoff(%rax), %zmm31
+        vfmadd231ps %zmm24, %zmm31, %zmm6
+        vfmadd231ps %zmm25, %zmm31, %zmm7
+        vbroadcastss \xoff(%rax,%rdx), %zmm28
+        vfmadd231ps %zmm24, %zmm28, %zmm8
+        vfmadd231ps %zmm25, %zmm28, %zmm9
+        vbroadcastss \xoff(%rax,%rdx,2), %zmm29
+        vfmadd231ps %zmm24, %zmm29, %zmm10
+        vfmadd231ps %zmm25, %zmm29, %zmm11
+        vbroadcastss \xoff(%r14), %zmm30
+        vfmadd231ps %zmm24, %zmm30, %zmm12
+        vfmadd231ps %zmm25, %zmm30, %zmm13
+        vbroadcastss \xoff(%r14,%rdx), %zmm31
+        vfmadd231ps %zmm24, %zmm31, %zmm14
+        vfmadd231ps %zmm25, %zmm31, %zmm15
+        .endm
+
+        /* token t's 2 accumulators (zmm\a0, zmm\a1) of half \h from (\load = 1) or to (0) y at r11 */
+        .macro  mm_pair8 load, h, a0, a1
+        .if \load
+        vmovups 128*\h(%r11), %zmm\a0
+        vmovups 128*\h+64(%r11), %zmm\a1
+        .else
+        vmovups %zmm\a0, 128*\h(%r11)
+        vmovups %zmm\a1, 128*\h+64(%r11)
+        .endif
+        addq    %r9, %r11
+        .endm
+
+        /* the 8 tokens' accumulators of half \h from / to y (rows r9 bytes apart from r11) */
+        .macro  mm_pairs8 load, h
+        mm_pair8 \load, \h, 0, 1
+        mm_pair8 \load, \h, 2, 3
+        mm_pair8 \load, \h, 4, 5
+        mm_pair8 \load, \h, 6, 7
+        mm_pair8 \load, \h, 8, 9
+        mm_pair8 \load, \h, 10, 11
+        mm_pair8 \load, \h, 12, 13
+        mm_pair8 \load, \h, 14, 15
+        .endm
+
+        /* one half (\h) of the current tile for the block of 8 tokens (\pf as mm_block) */
+        .macro  mm_half8 dt, h, pf
+        movq    %r8, %r11
+        cmpq    $0, KFIRST(%rsp)
+        jne     .Lzero\@
+        mm_pairs8 1, \h                         // a later chunk of rows: continue the sums
+        jmp     .Linit\@
+.Lzero\@:
+        .irp k, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        vpxord  %zmm\k, %zmm\k, %zmm\k          // acc = +0.0
+        .endr
+.Linit\@:
+        movq    %rdi, %r10                      // weight cursor: row 0 of the tile
+        movq    %rsi, %r11                      // X cursor, token 0
+        leaq    (%rsi,%rdx,2), %rax
+        addq    %rdx, %rax                      // X cursor, token 3
+        leaq    (%rax,%rdx,2), %r14
+        addq    %rdx, %r14                      // X cursor, token 6
+        movq    %r12, %rbx
+        shrq    $1, %rbx                        // n_in / 2 pairs of rows
+        jz      .Lodd\@
+        .p2align 4
+.Lrows\@:
+        mm_row8 \dt, \h, 0, 0
+        mm_pf   \pf
+        mm_row8 \dt, \h, ROWB, 4
+        addq    $2*ROWB, %r10
+        addq    $8, %r11
+        addq    $8, %rax
+        addq    $8, %r14
+        decq    %rbx
+        jnz     .Lrows\@
+.Lodd\@:
+        testq   $1, %r12
+        jz      .Lend\@
+        mm_row8 \dt, \h, 0, 0                   // the last row of an odd n_in
+.Lend\@:
+        movq    %r8, %r11                       // &y[token 0][tile]
+        cmpq    $0, KLAST(%rsp)
+        je      .Lpark\@
+        testq   %rcx, %rcx
+        jz      .Lpark\@
+        vmovups 128*\h(%rcx), %zmm28
+        vmovups 128*\h+64(%rcx), %zmm29
+        .irp k, 0,2,4,6,8,10,12,14
+        vaddps  %zmm28, %zmm\k, %zmm\k          // y = acc + b
+        .endr
+        .irp k, 1,3,5,7,9,11,13,15
+        vaddps  %zmm29, %zmm\k, %zmm\k
+        .endr
+.Lpark\@:                                       // the outputs, or (not the last chunk) the sums so far
+        mm_pairs8 0, \h
+        .endm
+
         .macro  mm_exit
         .irp k, 16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
         vpxord  %zmm\k, %zmm\k, %zmm\k          // leave no state in zmm16-31
@@ -276,6 +412,7 @@
         .set    RB, 8
         .set    MM_PF_MIN, 4
         .set    MM_PF_NEXT, 2
+        .set    MM_B8, 0
 function gpt2asm_matmul_f32_avx512
         matmul_body DT_F32
 endfunc
@@ -291,6 +428,8 @@ endfunc
         .set    RB, 7
         .set    MM_PF_MIN, 1
         .set    MM_PF_NEXT, 0
+        .set    MM_B8, 1
+        .set    KCB8, MM_KC_B8 / 128
 function gpt2asm_matmul_f16_avx512
         matmul_body DT_F16
 endfunc

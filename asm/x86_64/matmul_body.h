@@ -8,8 +8,9 @@
  * matmul_avx2.S; then mm_block takes a third argument: 1 in a chunk's first block, the one that prefetches,
  * and the symbols MM_PF_MIN (calls of fewer tokens do not prefetch) and MM_PF_NEXT are set: if nonzero,
  * the chunk's later blocks run with the argument 2, prefetching the next chunk from rbp on), and sets
- * (per weight type, before expanding matmul_body) ROWB (bytes per weight row), RB (its log2) and KCMAX
- * (rows per chunk at most).  See matmul_avx2.S for the blocking and the register use.
+ * (per weight type, before expanding matmul_body) ROWB (bytes per weight row), RB (its log2), KCMAX
+ * (rows per chunk at most) and MM_B8: 1 if mm_block takes blocks of 8 tokens (taken first; then a call of
+ * 8 ..  MM_PF_TOK tokens uses chunks of KCB8 rows).  See matmul_avx2.S for the blocking and the register use.
  */
 #ifndef GPT2ASM_X86_MATMUL_BODY_H
 #define GPT2ASM_X86_MATMUL_BODY_H
@@ -74,10 +75,17 @@
         movq    %r13, NTOK(%rsp)
         movq    %r12, NIN(%rsp)
         movq    %rdx, %r11                      // (div uses rdx)
-        leaq    KCMAX-1(%r12), %rax
-        xorl    %edx, %edx
         movl    $KCMAX, %ebx
-        divq    %rbx                            // chunks = ceil(n_in / KCMAX)
+        .if MM_B8 && MM_PF_TOK >= 8
+        leaq    -8(%r13), %rax
+        cmpq    $MM_PF_TOK-8, %rax
+        ja      1f
+        movl    $KCB8, %ebx                     // a small call with a block of 8: short chunks
+1:
+        .endif
+        leaq    -1(%r12,%rbx), %rax
+        xorl    %edx, %edx
+        divq    %rbx                            // chunks = ceil(n_in / KC)
         movq    %rax, %rbx
         leaq    -1(%r12,%rbx), %rax
         xorl    %edx, %edx
@@ -141,6 +149,19 @@
         .endif
         movq    %rax, PFB(%rsp)                 // a small call: its first block of tokens prefetches
 #endif
+        .if MM_B8
+        cmpq    $8, %r13
+        jb      .Lb6\@
+        .p2align 4
+.Lblock8\@:                                     // blocks of 8 tokens (the ISA's mm_block 8)
+        mm_blk  \dt, 8
+        leaq    (%rsi,%rdx,8), %rsi             // X += 8 rows
+        leaq    (%r8,%r9,8), %r8                // y += 8 rows
+        subq    $8, %r13
+        cmpq    $8, %r13
+        jae     .Lblock8\@
+.Lb6\@:
+        .endif
         cmpq    $6, %r13
         jb      .Ltail\@
         .p2align 4
