@@ -275,6 +275,14 @@
 .Ldone\@:
         .endm
 
+        /* one token of a block of 8: X[tok][i] at \addr broadcast into zmm\xb, then its 2 sums
+         * acc[a0], acc[a1] = fma(w half row (zmm24, zmm25), x, acc) */
+        .macro  mm_bfma2 xb, a0, a1, addr:vararg
+        vbroadcastss \addr, %zmm\xb
+        vfmadd231ps %zmm24, %zmm\xb, %zmm\a0
+        vfmadd231ps %zmm25, %zmm\xb, %zmm\a1
+        .endm
+
         /* binary16, 8 tokens on one half of the tile (\h = 0: outputs 0-31, 1: 32-63): 2 accumulators a
          * token, token t in zmm(2t), zmm(2t+1); one row's half (\woff bytes from r10) widened into
          * zmm24-25, broadcasts round robin in zmm28-31; X cursors r11 (tokens 0-2), rax (3-5), r14 (6-7).
@@ -285,30 +293,14 @@
         .endif
         vcvtph2ps   \woff+64*\h(%r10), %zmm24
         vcvtph2ps   \woff+64*\h+32(%r10), %zmm25
-        vbroadcastss \xoff(%r11), %zmm28
-        vfmadd231ps %zmm24, %zmm28, %zmm0
-        vfmadd231ps %zmm25, %zmm28, %zmm1
-        vbroadcastss \xoff(%r11,%rdx), %zmm29
-        vfmadd231ps %zmm24, %zmm29, %zmm2
-        vfmadd231ps %zmm25, %zmm29, %zmm3
-        vbroadcastss \xoff(%r11,%rdx,2), %zmm30
-        vfmadd231ps %zmm24, %zmm30, %zmm4
-        vfmadd231ps %zmm25, %zmm30, %zmm5
-        vbroadcastss \xoff(%rax), %zmm31
-        vfmadd231ps %zmm24, %zmm31, %zmm6
-        vfmadd231ps %zmm25, %zmm31, %zmm7
-        vbroadcastss \xoff(%rax,%rdx), %zmm28
-        vfmadd231ps %zmm24, %zmm28, %zmm8
-        vfmadd231ps %zmm25, %zmm28, %zmm9
-        vbroadcastss \xoff(%rax,%rdx,2), %zmm29
-        vfmadd231ps %zmm24, %zmm29, %zmm10
-        vfmadd231ps %zmm25, %zmm29, %zmm11
-        vbroadcastss \xoff(%r14), %zmm30
-        vfmadd231ps %zmm24, %zmm30, %zmm12
-        vfmadd231ps %zmm25, %zmm30, %zmm13
-        vbroadcastss \xoff(%r14,%rdx), %zmm31
-        vfmadd231ps %zmm24, %zmm31, %zmm14
-        vfmadd231ps %zmm25, %zmm31, %zmm15
+        mm_bfma2 28, 0, 1, \xoff(%r11)
+        mm_bfma2 29, 2, 3, \xoff(%r11,%rdx)
+        mm_bfma2 30, 4, 5, \xoff(%r11,%rdx,2)
+        mm_bfma2 31, 6, 7, \xoff(%rax)
+        mm_bfma2 28, 8, 9, \xoff(%rax,%rdx)
+        mm_bfma2 29, 10, 11, \xoff(%rax,%rdx,2)
+        mm_bfma2 30, 12, 13, \xoff(%r14)
+        mm_bfma2 31, 14, 15, \xoff(%r14,%rdx)
         .endm
 
         /* token t's 2 accumulators (zmm\a0, zmm\a1) of half \h from (\load = 1) or to (0) y at r11 */
