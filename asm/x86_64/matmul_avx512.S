@@ -206,6 +206,46 @@
         .endif
         .endm
 
+        /* the row loop of a block: weight cursor r10 from the tile (rdi), X cursors from rsi for tokens 0,
+         * 3, 6 (r11, rax, r14: the first \ncur of them), the chunk's n_in rows in pairs (unrolled by 2,
+         * mm_pf \pf between the two), then the last row of an odd n_in; \row: the row macro with its first
+         * arguments (mm_row dt, mt or mm_row8 dt, h), the row's offset and X's offset appended */
+        .macro  mm_rows pf, ncur, row:vararg
+        movq    %rdi, %r10                      // weight cursor: row 0 of the tile
+        movq    %rsi, %r11                      // X cursor, token 0
+        .if \ncur >= 2
+        leaq    (%rsi,%rdx,2), %rax
+        addq    %rdx, %rax                      // X cursor, token 3
+        .endif
+        .if \ncur >= 3
+        leaq    (%rax,%rdx,2), %r14
+        addq    %rdx, %r14                      // X cursor, token 6
+        .endif
+        movq    %r12, %rbx
+        shrq    $1, %rbx                        // n_in / 2 pairs of rows
+        jz      .Lodd\@
+        .p2align 4
+.Lrows\@:
+        \row, 0, 0
+        mm_pf   \pf
+        \row, ROWB, 4
+        addq    $2*ROWB, %r10
+        addq    $8, %r11
+        .if \ncur >= 2
+        addq    $8, %rax
+        .endif
+        .if \ncur >= 3
+        addq    $8, %r14
+        .endif
+        decq    %rbx
+        jnz     .Lrows\@
+.Lodd\@:
+        testq   $1, %r12
+        jz      .Lend\@
+        \row, 0, 0                              // the last row of an odd n_in
+.Lend\@:
+        .endm
+
         /* the current tile for a block of \mt tokens (\pf: prefetching, mm_pf) */
         .macro  mm_block dt, mt, pf=0
         .if \mt == 8                            // 8 tokens: the two halves of the tile in turn
@@ -229,32 +269,11 @@
         .endif
         .endr
 .Linit\@:
-        movq    %rdi, %r10                      // weight cursor: row 0 of the tile
-        movq    %rsi, %r11                      // X cursor, token 0
         .if \mt >= 4
-        leaq    (%rsi,%rdx,2), %rax
-        addq    %rdx, %rax                      // X cursor, token 3
+        mm_rows \pf, 2, mm_row \dt, \mt
+        .else
+        mm_rows \pf, 1, mm_row \dt, \mt
         .endif
-        movq    %r12, %rbx
-        shrq    $1, %rbx                        // n_in / 2 pairs of rows
-        jz      .Lodd\@
-        .p2align 4
-.Lrows\@:
-        mm_row  \dt, \mt, 0, 0
-        mm_pf   \pf
-        mm_row  \dt, \mt, ROWB, 4
-        addq    $2*ROWB, %r10
-        addq    $8, %r11
-        .if \mt >= 4
-        addq    $8, %rax
-        .endif
-        decq    %rbx
-        jnz     .Lrows\@
-.Lodd\@:
-        testq   $1, %r12
-        jz      .Lend\@
-        mm_row  \dt, \mt, 0, 0                  // the last row of an odd n_in
-.Lend\@:
         cmpq    $0, KLAST(%rsp)
         jne     .Lepi\@
         movq    %r8, %r11                       // not the last chunk of rows: park the sums in y
@@ -339,31 +358,7 @@
         vpxord  %zmm\k, %zmm\k, %zmm\k          // acc = +0.0
         .endr
 .Linit\@:
-        movq    %rdi, %r10                      // weight cursor: row 0 of the tile
-        movq    %rsi, %r11                      // X cursor, token 0
-        leaq    (%rsi,%rdx,2), %rax
-        addq    %rdx, %rax                      // X cursor, token 3
-        leaq    (%rax,%rdx,2), %r14
-        addq    %rdx, %r14                      // X cursor, token 6
-        movq    %r12, %rbx
-        shrq    $1, %rbx                        // n_in / 2 pairs of rows
-        jz      .Lodd\@
-        .p2align 4
-.Lrows\@:
-        mm_row8 \dt, \h, 0, 0
-        mm_pf   \pf
-        mm_row8 \dt, \h, ROWB, 4
-        addq    $2*ROWB, %r10
-        addq    $8, %r11
-        addq    $8, %rax
-        addq    $8, %r14
-        decq    %rbx
-        jnz     .Lrows\@
-.Lodd\@:
-        testq   $1, %r12
-        jz      .Lend\@
-        mm_row8 \dt, \h, 0, 0                   // the last row of an odd n_in
-.Lend\@:
+        mm_rows \pf, 3, mm_row8 \dt, \h
         movq    %r8, %r11                       // &y[token 0][tile]
         cmpq    $0, KLAST(%rsp)
         je      .Lpark\@
