@@ -354,9 +354,7 @@
         mm_pairs8 1, \h                         // a later chunk of rows: continue the sums
         jmp     .Linit\@
 .Lzero\@:
-        .irp k, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
-        vpxord  %zmm\k, %zmm\k, %zmm\k          // acc = +0.0
-        .endr
+        vclear  vpxord, zmm, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15   // acc = +0.0
 .Linit\@:
         mm_rows \pf, 3, mm_row8 \dt, \h
         movq    %r8, %r11                       // &y[token 0][tile]
