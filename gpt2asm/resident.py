@@ -51,7 +51,8 @@ def is_mapped(a: np.ndarray) -> bool:
     return isinstance(b, mmap.mmap)
 
 
-def _mem_available() -> int | None:
+def mem_available() -> int | None:
+    """Bytes the system can still give without swapping (Linux's MemAvailable), or None where it is unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -124,7 +125,7 @@ class Resident:
             return "already packed"
         if os.environ.get("GPT2ASM_RESIDENT", "").strip().lower() in OFF:
             return "$GPT2ASM_RESIDENT=0"
-        avail = _mem_available()
+        avail = mem_available()
         if avail is not None and avail < 2 * self.nbytes + (1 << 30):
             return f"not enough free memory ({avail >> 20} MiB available)"
         return ""

@@ -230,14 +230,12 @@ class Metrics:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory the system can still give (Linux: MemAvailable; elsewhere the physical total), or None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    """Bytes of memory the system can still give (Linux: MemAvailable, resident.mem_available; elsewhere the
+    physical total), or None."""
+    from .resident import mem_available
+    have = mem_available()
+    if have is not None:
+        return have
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):

@@ -88,7 +88,7 @@ def test_disabled_or_nothing_mapped(ckpt_tiny, tmp_path, monkeypatch):
 def test_not_enough_memory_keeps_the_mapping(ckpt_tiny, tmp_path, monkeypatch):
     import gpt2asm.resident as R
     monkeypatch.delenv("GPT2ASM_RESIDENT", raising=False)
-    monkeypatch.setattr(R, "_mem_available", lambda: 1 << 20)
+    monkeypatch.setattr(R, "mem_available", lambda: 1 << 20)
     w = warm(ckpt_tiny, tmp_path, "f32")
     r = Resident(w)
     assert r.reason.startswith("not enough free memory") and not r.poll()
