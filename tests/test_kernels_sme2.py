@@ -48,7 +48,8 @@ import forked  # noqa: E402
 from forked import WHY, fork_status, run_forked  # noqa: E402
 # the x86 matvec tests' helpers: the exact fma model, references, guarded buffers, the checker
 from test_kernels_matvec import (DTYPES, TILE, Y_FILL, NativeRunner, PageFenced,  # noqa: E402
-                                 contract_ref, random_case, run_and_check, same_bits, tile_weights)
+                                 contract_ref, random_case, run_and_check, same_bits)
+import test_kernels_matvec as mv  # noqa: E402   (its test functions, called with this file's runners)
 
 pytestmark = pytest.mark.skipif(not IS_ARM, reason="AArch64 only (make test-arm64 runs it under qemu)")
 
@@ -200,156 +201,33 @@ def test_split_ranges(runners):
                                   whole[TILE * lo:TILE * hi].view(np.uint32))
 
 
+# The value cases of the x86 suite, with its tile counts (3-5: passes of several tiles at every SVL):
+# exact integers, signed zeros (ZA is zeroed), NaN / inf reaching exactly their outputs (whichever ZA
+# vector and lane, fp16 de-interleaved), overflow, no flush to zero in ZA / the widening / the bias add.
+
 def test_empty_range(runners):
-    dtype, rs = runners
-    rng = np.random.default_rng(5)
-    wt, x, b = random_case(rng, dtype, 9, 3)
-    for tb in (0, 2, 3):
-        run_and_check(rs, wt, x, b, tb, tb)
+    mv.test_empty_range(runners)
 
 
 def test_exact_integers(runners):
-    """Small integers times powers of two: every partial sum is exact, so the result is the exact dot
-    product whatever the order (checks the arithmetic independently of the order model)."""
-    dtype, rs = runners
-    rng = np.random.default_rng(11)
-    for n_in, nt, scale in ((768, 3, 2.0 ** -100), (333, 2, 2.0 ** 60), (64, 5, 1.0)):
-        W = rng.integers(-7, 8, (nt * TILE, n_in)) * 2.0 ** rng.integers(-2, 3, (nt * TILE, n_in))
-        xi = rng.integers(-7, 8, n_in) * 2.0 ** rng.integers(-2, 3, n_in)
-        W[:, ::5] = 0
-        b = (rng.integers(-100, 101, nt * TILE) * scale).astype(np.float32)
-        exact = (W @ xi) * scale
-        wt = tile_weights(W.astype(DTYPES[dtype]))
-        x = (xi * scale).astype(np.float32)
-        for bias in (b, None):
-            exp = ((exact + (bias if bias is not None else 0.0)) + 0.0).astype(np.float32)
-            for run in rs:
-                y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
-                y = run(wt, x, bias, y0, 0, nt)
-                assert np.array_equal(y.view(np.uint32), exp.view(np.uint32)), \
-                    f"{run.name}: not the exact dot product ({np.flatnonzero(y != exp)[:8]})"
+    mv.test_exact_integers(runners)
 
 
 def test_signed_zeros(runners):
-    """acc starts at +0.0 (ZA is zeroed): all-zero products of either sign give +0.0, also with b = -0."""
-    dtype, rs = runners
-    f = DTYPES[dtype]
-    nt, n_in = 3, 5
-    cases = [
-        (np.zeros((nt, n_in, TILE), f), -np.ones(n_in, np.float32)),
-        (np.full((nt, n_in, TILE), -0.0, f), np.ones(n_in, np.float32)),
-        (np.full((nt, n_in, TILE), -0.0, f), np.full(n_in, -0.0, np.float32)),
-        (np.ones((nt, n_in, TILE), f), np.full(n_in, -0.0, np.float32)),
-    ]
-    for wt, x in cases:
-        for b in (None, np.full(nt * TILE, -0.0, np.float32), np.zeros(nt * TILE, np.float32)):
-            for run in rs:
-                y0 = np.full(nt * TILE, Y_FILL, np.uint32).view(np.float32)
-                y = run(wt, x, b, y0, 0, nt)
-                assert np.all(y.view(np.uint32) == 0), f"{run.name}: expected +0.0, got {y[:4]}"
-    wt = np.zeros((1, 3, TILE), f)
-    wt[0, 0], wt[0, 1], wt[0, 2] = 1, -1, -0.0
-    run_and_check(rs, wt, np.array([3, 3, 5], np.float32), None, 0, 1)
+    mv.test_signed_zeros(runners)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")   # the model widening NaN halves
 def test_nan_inf_propagation(runners):
-    """NaN where x86 gives NaN: a NaN / inf weight reaches exactly its own output (whichever ZA vector
-    and lane holds it, de-interleaved for fp16), a NaN / inf input every output."""
-    dtype, rs = runners
-    rng = np.random.default_rng(3)
-    nt, n_in = 5, 19
-    wt, x, b = random_case(rng, dtype, n_in, nt)
-    special = {}
-    for t, i, j, v in ((0, 4, 7, np.nan), (1, 0, 63, np.inf), (1, 18, 0, -np.inf), (2, 3, 1, np.nan),
-                       (3, 17, 33, np.inf), (4, 8, 62, -np.inf), (4, 2, 17, np.nan)):
-        wt[t, i, j] = v
-        special[TILE * t + j] = "nan" if np.isnan(v) else ("inf" if v > 0 else "-inf")
-    wt[2, 9, 31] = np.inf                       # inf * 0 = NaN in this output only
-    x[9] = 0.0
-    special[TILE * 2 + 31] = "nan"
-    wt[3, 10, 30], wt[3, 11, 30] = np.inf, -np.inf       # inf - inf = NaN
-    special[TILE * 3 + 30] = "nan"
-    x[0], x[18], x[17], x[8], x[10], x[11] = 1.5, 2.0, 0.5, 3.0, 1.0, 1.0
-    for bias in (b, None):
-        y = run_and_check(rs, wt, x, bias, 0, nt)[0]
-        for o, kind in special.items():
-            assert (np.isnan(y[o]) if kind == "nan" else y[o] == float(kind)), f"output {o}: {y[o]}, {kind}"
-        rest = np.setdiff1d(np.arange(nt * TILE), list(special))
-        assert np.isfinite(y[rest]).all(), "a special weight leaked into other outputs"
-    # a NaN input: every output of the range; +inf: the sign of w, NaN where w == 0
-    wt, x, b = random_case(rng, dtype, n_in, nt)
-    x[5] = np.nan
-    y = run_and_check(rs, wt, x, b, 1, 4)[0]
-    assert np.isnan(y[TILE:4 * TILE]).all()
-    wt, x, b = random_case(rng, dtype, n_in, nt)
-    x[18] = np.inf                              # in the row tail (19 = 4*4 + 3)
-    wt[:, 18, :8] = 0
-    y = run_and_check(rs, wt, x, b, 0, nt)[0]
-    w18 = wt[:, 18, :].reshape(-1).astype(np.float32)
-    assert np.isnan(y[w18 == 0]).all()
-    assert (y[w18 > 0] == np.inf).all() and (y[w18 < 0] == -np.inf).all()
-    # signalling / negative NaN weights (fp16: payload bits), NaN bias
-    wt, x, b = random_case(rng, dtype, n_in, nt)
-    if dtype == "f16":
-        wt.view(np.uint16)[0, 3, 5] = 0x7C01
-        wt.view(np.uint16)[0, 3, 6] = 0xFE00
-    else:
-        wt.view(np.uint32)[0, 3, 5] = 0x7F800001
-        wt.view(np.uint32)[0, 3, 6] = 0xFFC00000
-    b[70] = np.nan
-    y = run_and_check(rs, wt, x, b, 0, nt)[0]
-    assert np.isnan(y[[5, 6, 70]]).all() and np.isfinite(np.delete(y, [5, 6, 70])).all()
+    mv.test_nan_inf_propagation(runners)
 
 
 def test_large_magnitudes(runners):
-    """Partial sums that overflow to inf (and inf - inf = NaN) follow the contract's order exactly."""
-    dtype, rs = runners
-    rng = np.random.default_rng(4)
-    nt, n_in = 3, 40
-    if dtype == "f32":
-        W = rng.standard_normal((nt * TILE, n_in)).astype(np.float32) * np.float32(3e37)
-        x = rng.standard_normal(n_in).astype(np.float32) * np.float32(4)
-    else:
-        W = rng.uniform(-65504, 65504, (nt * TILE, n_in)).astype(np.float16)
-        x = rng.standard_normal(n_in).astype(np.float32) * np.float32(3e33)
-    b = rng.uniform(-3e38, 3e38, nt * TILE).astype(np.float32)
-    wt = tile_weights(W)
-    for bias in (b, None):
-        y = run_and_check(rs, wt, x, bias, 0, nt, f64=False)[0]
-    assert np.isinf(y).any() or np.isnan(y).any(), "test meant to overflow some outputs"
-    wt = np.zeros((1, 4, TILE), DTYPES[dtype])
-    big = 60000.0 if dtype == "f16" else 3e38
-    wt[0, :, :] = np.array([big, big, -big, -big])[:, None]
-    x = np.full(4, 3e38 if dtype == "f16" else 1.0, np.float32) * np.float32(1.0 if dtype == "f32" else 1e-4)
-    run_and_check(rs, wt, x, None, 0, 1, f64=False)
+    mv.test_large_magnitudes(runners)
 
 
 def test_denormals(runners):
-    """No flush to zero in ZA, in the fp16 widening or in the bias add: subnormals give the IEEE result."""
-    dtype, rs = runners
-    rng = np.random.default_rng(6)
-    nt, n_in = 3, 33
-    if dtype == "f32":
-        W = (rng.standard_normal((nt * TILE, n_in)) * 1e-20).astype(np.float32)
-        W[:, 3] = (rng.standard_normal(nt * TILE) * 1e-40).astype(np.float32)
-        x = (rng.standard_normal(n_in) * 1e-20).astype(np.float32)
-        x[3] = 1.0
-        x[4] = np.float32(2e-45)
-    else:
-        W = (rng.standard_normal((nt * TILE, n_in)) * 1e-6).astype(np.float16)
-        W[:, 3] = np.float16(2.0 ** -24)
-        x = (rng.standard_normal(n_in) * 1e-33).astype(np.float32)
-        x[4] = np.float32(2e-45)
-    wt = tile_weights(W)
-    b = (rng.standard_normal(nt * TILE) * 1e-39).astype(np.float32)
-    for bias in (b, None):
-        y = run_and_check(rs, wt, x, bias, 0, nt)[0]
-    assert np.any((y != 0) & (np.abs(y) < np.finfo(np.float32).tiny)), "expected subnormal outputs"
-    wt = np.zeros((1, 1, TILE), DTYPES[dtype])
-    wt[0, 0, :] = np.float32(1e-40) if dtype == "f32" else np.float16(2.0 ** -24)
-    y = run_and_check(rs, wt, np.ones(1, np.float32), None, 0, 1)[0]
-    assert (y == np.asarray(wt[0, 0], np.float32)).all() and (y != 0).all()
+    mv.test_denormals(runners)
 
 
 def test_every_lane_maps_to_its_output(runners):
