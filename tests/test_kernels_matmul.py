@@ -164,19 +164,7 @@ class EmuRunner:
 
 
 def runners_for(dtype, isa):
-    lib = load_lib()
-    out = []
-    if isa in cpu_isas(lib):
-        out.append(NativeRunner(lib, dtype, isa))
-    if isa == "avx512":
-        emu, why = mv.emulator()
-        if emu is not None:
-            out.append(EmuRunner(emu, dtype, isa))
-        elif not out:
-            pytest.skip(f"no AVX-512 on this CPU and no emulator: {why}")
-    elif not out:
-        pytest.skip(f"CPU lacks {isa}")
-    return out
+    return mv.runners_for(dtype, isa, NativeRunner, EmuRunner, load_lib)
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=[f"{d}_{i}" for d, i in VARIANTS])

@@ -230,16 +230,19 @@ class EmuRunner:
         return y
 
 
-def runners_for(dtype: str, isa: str):
-    """All the ways to run this variant here: [(runner)], or pytest.skip with the reason."""
-    lib = load_lib()
+def runners_for(dtype: str, isa: str, native=None, emulated=None, load=None):
+    """All the ways to run this variant here: [(runner)], or pytest.skip with the reason.  native /
+    emulated / load: the runner classes and the library loader (default this file's; test_kernels_matmul
+    passes its own)."""
+    native, emulated = native or NativeRunner, emulated or EmuRunner
+    lib = (load or load_lib)()
     out = []
     if isa in cpu_isas(lib):
-        out.append(NativeRunner(lib, dtype, isa))
+        out.append(native(lib, dtype, isa))
     if isa == "avx512":
         emu, why = emulator()
         if emu is not None:
-            out.append(EmuRunner(emu, dtype, isa))
+            out.append(emulated(emu, dtype, isa))
         elif not out:
             pytest.skip(f"no AVX-512 on this CPU and no emulator: {why}")
     elif not out:
