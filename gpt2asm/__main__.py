@@ -28,7 +28,7 @@ try:                                       # numpy turns one that lands inside i
 
     from .args import not_retired, sampling as check_sampling
     from .cpu import FAMILIES
-    from .errors import GPT2AsmError, shown
+    from .errors import GPT2AsmError, say, shown
     from .lib import ARCH
     if signal.getsignal(signal.SIGINT) is _on_sigint:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -124,6 +124,8 @@ class _OutputError(Exception):
 
 
 def _write(out, text: str) -> None:
+    if out is None:                        # the process started with that descriptor closed (`>&-`)
+        raise _OutputError("it is closed")
     try:
         out.write(text)
         out.flush()
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:              # Ctrl-C before or after the model's own handling (argument parsing)
-        print("gpt2asm: interrupted", file=sys.stderr)
+        say("gpt2asm: interrupted")
         return 130
 
 
@@ -152,14 +154,14 @@ def _main(argv: list[str] | None) -> int:
     try:                                            # the API's own check, before anything is loaded
         sampling = check_sampling(args.t, args.top_k, args.top_p, args.repetition_penalty, args.seed)
     except GPT2AsmError as e:                       # one line, as every other user error
-        print(f"gpt2asm: error: {e}", file=sys.stderr)
+        say(f"gpt2asm: error: {e}")
         return 2
     stats: dict = {}
     model = None
     load_s = 0.0
     out = sys.stdout
     if out is None:                                 # started with stdout closed (`>&-`)
-        print("gpt2asm: error: standard output is closed; nowhere to write the text", file=sys.stderr)
+        say("gpt2asm: error: standard output is closed; nowhere to write the text")
         return 2
     try:
         out.reconfigure(errors="replace")           # never die on a terminal that cannot show a character
@@ -173,8 +175,8 @@ def _main(argv: list[str] | None) -> int:
                           download=not args.offline, kv=args.kv)
         load_s = time.perf_counter() - t0
         if model.random_init:
-            print(f"[gpt2asm] note: {model.model_dir} holds randomly initialised weights "
-                  "(tools/make_checkpoint.py): the text will be gibberish", file=sys.stderr)
+            say(f"[gpt2asm] note: {model.model_dir} holds randomly initialised weights "
+                "(tools/make_checkpoint.py): the text will be gibberish")
         prompt = " ".join(args.prompt)
         prompt_ids = model.encode(prompt)
         gen = model.generate_ids(prompt_ids, args.n, **sampling, stats=stats)
@@ -198,28 +200,28 @@ def _main(argv: list[str] | None) -> int:
         if stats:
             stats["interrupted"] = True
         else:
-            print("gpt2asm: interrupted", file=sys.stderr)
+            say("gpt2asm: interrupted")
     except BrokenPipeError:                           # `... | head`: the reader is gone, so are we
         _silence_stdout()
         return 141
     except _OutputError as e:                         # /dev/full, a closed or failing descriptor
         status = 2
         _silence_stdout()                             # the interpreter's last flush must not fail again
-        print(f"gpt2asm: error: cannot write to standard output: {e}", file=sys.stderr)
+        say(f"gpt2asm: error: cannot write to standard output: {e}")
         stats.clear()
     except GPT2AsmError as e:
         status = 2
         lines = str(e).splitlines() or [type(e).__name__]
         _end_line(out, midline)
-        print(f"gpt2asm: error: {lines[0]}", file=sys.stderr)
+        say(f"gpt2asm: error: {lines[0]}")
         for line in lines[1:]:
-            print(f"  {line}" if not line.startswith(" ") else line, file=sys.stderr)
+            say(f"  {line}" if not line.startswith(" ") else line)
         stats.clear()
     except MemoryError:
         status = 2
         _end_line(out, midline)
-        print("gpt2asm: error: out of memory (try -h for fp16 or --dtype q8_0 for 8-bit weights, "
-              "or a smaller model)", file=sys.stderr)
+        say("gpt2asm: error: out of memory (try -h for fp16 or --dtype q8_0 for 8-bit weights, "
+            "or a smaller model)")
         stats.clear()
     finally:
         if model is not None:
@@ -229,9 +231,9 @@ def _main(argv: list[str] | None) -> int:
     if stats and model is not None:
         n, dt = stats.get("generated", 0), stats.get("decode_s", 0.0)
         rate = (n - 1) / dt if n > 1 and dt > 0 else 0.0
-        print(f"[gpt2asm] {stats['prompt']} prompt + {n} generated tokens, {rate:.1f} tok/s "
-              f"({model.isa}, {DTYPE_LABELS[model.dtype]}, -j {args.j}; load {load_s:.2f} s)"
-              + ("; interrupted" if stats.get("interrupted") else ""), file=sys.stderr)
+        say(f"[gpt2asm] {stats['prompt']} prompt + {n} generated tokens, {rate:.1f} tok/s "
+            f"({model.isa}, {DTYPE_LABELS[model.dtype]}, -j {args.j}; load {load_s:.2f} s)"
+            + ("; interrupted" if stats.get("interrupted") else ""))
     return status
 
 
@@ -246,6 +248,8 @@ def _end_line(out, midline: bool) -> None:
 
 def _silence_stdout() -> None:
     """After EPIPE: point stdout at /dev/null so the interpreter's final flush does not complain."""
+    if sys.stdout is None:                 # closed from the start: nothing will flush it
+        return
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -5,6 +5,8 @@ CLI, which turns them into one line and exit status 2) can tell user errors from
 quoted in a message by shown(): a bad argument or a damaged file may be of any size, a message is a line.
 """
 
+import sys
+
 SHOWN_LIMIT = 100            # characters of a bad value an error message quotes
 _SIZED = {str: "characters", bytes: "bytes", bytearray: "bytes", list: "items", tuple: "items", dict: "items"}
 
@@ -22,6 +24,19 @@ def shown(v, limit: int = SHOWN_LIMIT) -> str:
     if len(r) <= limit:
         return r
     return r[:limit] + "..." + (f" ({len(v)} {unit})" if unit else f" ({len(r)} characters)")
+
+
+def say(text: str) -> None:
+    """One diagnostic line (text + newline) on stderr for the command-line tools.  A closed or failing
+    stderr (`2>&-`, `2>/dev/full`) loses the line, never the output on stdout or the exit status."""
+    err = sys.stderr
+    if err is None:                          # started with descriptor 2 closed
+        return
+    try:
+        err.write(text + "\n")
+        err.flush()
+    except (OSError, ValueError):            # EBADF, ENOSPC, EIO; ValueError: a closed file object
+        pass
 
 
 class GPT2AsmError(Exception):

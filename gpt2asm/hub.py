@@ -36,11 +36,10 @@ import json
 import os
 import re
 import stat
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DownloadError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError, shown
+from .errors import DownloadError, GPT2AsmError, InvalidArgumentError, ModelNotFoundError, say, shown
 from .safefs import MAX_JSON, expand_user, read_text
 
 FILES = ("model.safetensors", "vocab.json", "merges.txt", "config.json")
@@ -512,7 +511,7 @@ def download(repo: str, *, pins: dict | None = None, progress: bool = True, endp
     if why:
         raise ModelNotFoundError(f"cannot download {repo}: cannot reach the hub at {ep or 'the Hugging Face hub'} "
                                  f"(no network?): {why}")
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = log or say
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     quiet = not progress and not are_progress_bars_disabled()

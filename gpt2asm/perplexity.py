@@ -17,18 +17,28 @@ import sys
 import time
 
 from .__main__ import DTYPE_LABELS, _OutputError, _silence_stdout, _write, positive_int
-from .errors import GPT2AsmError, InvalidArgumentError, shown
+from .errors import GPT2AsmError, InvalidArgumentError, say, shown
 from .safefs import os_error_text
 
 MAX_TEXT = 64 << 20         # bytes of text: ~16M tokens, hours of scoring; text and tokens take ~15x that
 
 
 class Progress:
-    """A one-line bar on stderr: tokens scored of the total, tokens/s."""
+    """A one-line bar on stderr (default): tokens scored of the total, tokens/s.  A closed or failing
+    stream (`2>&-`, `2>/dev/full`) ends the bar, not the scoring."""
 
-    def __init__(self, total: int, out=sys.stderr, width: int = 30):
-        self.total, self.done, self.out, self.width = max(total, 1), 0, out, width
+    def __init__(self, total: int, out=None, width: int = 30):
+        self.total, self.done, self.out, self.width = max(total, 1), 0, out or sys.stderr, width
         self.t0 = time.perf_counter()
+
+    def _show(self, text: str) -> None:
+        if self.out is None:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (OSError, ValueError):                 # EBADF, ENOSPC; ValueError: a closed file object
+            self.out = None
 
     def __call__(self, n: int) -> None:
         self.done += n
@@ -36,12 +46,10 @@ class Progress:
         dt = time.perf_counter() - self.t0
         bar = "#" * int(f * self.width)
         rate = self.done / dt if dt > 0 else 0.0
-        self.out.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tokens  {rate:.0f} tok/s")
-        self.out.flush()
+        self._show(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tokens  {rate:.0f} tok/s")
 
     def end(self) -> None:
-        self.out.write("\n")
-        self.out.flush()
+        self._show("\n")
 
 
 def read_text(file: str, limit: int | None = None) -> str:
@@ -51,6 +59,8 @@ def read_text(file: str, limit: int | None = None) -> str:
     what = "stdin" if file == "-" else shown(file, 200)
     try:
         if file == "-":
+            if sys.stdin is None:                     # started with descriptor 0 closed (`<&-`)
+                raise InvalidArgumentError("cannot read stdin: it is closed")
             raw = sys.stdin.buffer.read(limit + 1)
         else:
             with open(file, "rb") as f:
@@ -81,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offline", action="store_true", help="never download the model")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
+    if sys.stdout is None:                            # started with stdout closed (`>&-`): no work for nothing
+        say("gpt2asm.perplexity: error: standard output is closed; nowhere to write the result")
+        return 2
     model = None
     try:
         from .engine import GPT2
@@ -90,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                           download=not args.offline, progress=not args.quiet)
         ids = model.encode(text)
         if len(ids) < 2:
-            print("gpt2asm.perplexity: error: the text has fewer than two tokens", file=sys.stderr)
+            say("gpt2asm.perplexity: error: the text has fewer than two tokens")
             return 2
         bar = None if args.quiet else Progress(len(ids) - 1)
         t0 = time.perf_counter()
@@ -109,18 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except _OutputError as e:                         # /dev/full, a closed descriptor
         _silence_stdout()
-        print(f"gpt2asm.perplexity: error: cannot write to standard output: {e}", file=sys.stderr)
+        say(f"gpt2asm.perplexity: error: cannot write to standard output: {e}")
         return 2
     except KeyboardInterrupt:
-        print("\ngpt2asm.perplexity: interrupted", file=sys.stderr)
+        say("\ngpt2asm.perplexity: interrupted")
         return 130
     except MemoryError:
-        print("gpt2asm.perplexity: error: out of memory: the text and its tokens are held whole; "
-              "try a shorter text", file=sys.stderr)
+        say("gpt2asm.perplexity: error: out of memory: the text and its tokens are held whole; "
+            "try a shorter text")
         return 2
     except GPT2AsmError as e:
-        print(f"gpt2asm.perplexity: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-              file=sys.stderr)
+        say(f"gpt2asm.perplexity: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return 2
     finally:
         if model is not None:

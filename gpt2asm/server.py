@@ -37,14 +37,13 @@ import math
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
 
 from .args import integer, sampling as check_sampling
 from .errors import (ContextOverflowError, GPT2AsmError, InvalidArgumentError, NonFiniteLogitsError,
-                     SHOWN_LIMIT, shown)
+                     SHOWN_LIMIT, say, shown)
 from .validate import KV_DTYPES, is_int
 
 log = logging.getLogger("gpt2asm.server")
@@ -690,26 +689,25 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
         import starlette  # noqa: F401
         import uvicorn
     except ImportError as e:
-        print(f"gpt2asm serve: error: {e.name} is not installed: pip install 'gpt2asm[serve]' "
-              "(starlette, uvicorn, prometheus_client)", file=sys.stderr)
+        say(f"gpt2asm serve: error: {e.name} is not installed: pip install 'gpt2asm[serve]' "
+            "(starlette, uvicorn, prometheus_client)")
         return 2
     if args.drain_timeout < 0 or not math.isfinite(args.drain_timeout):
-        print(f"gpt2asm serve: error: --drain-timeout must be a finite number of seconds >= 0, got "
-              f"{args.drain_timeout}", file=sys.stderr)
+        say(f"gpt2asm serve: error: --drain-timeout must be a finite number of seconds >= 0, got "
+            f"{args.drain_timeout}")
         return 2
     if args.api_key == "":
         args.api_key = None
     if args.api_key is not None and not all("!" <= c <= "~" for c in args.api_key):
-        print("gpt2asm serve: error: the API key (--api-key or $GPT2ASM_API_KEY) must be visible ASCII "
-              "characters (what an Authorization header carries): no spaces, controls or other letters",
-              file=sys.stderr)
+        say("gpt2asm serve: error: the API key (--api-key or $GPT2ASM_API_KEY) must be visible ASCII "
+            "characters (what an Authorization header carries): no spaces, controls or other letters")
         return 2
     if sock is None:                                      # bind first: a taken port or a bad host is an
         try:                                              # error before the model loads
             sock = bind(args.host, args.port)
         except OSError as e:
-            print(f"gpt2asm serve: error: cannot listen on {args.host} port {args.port}: "
-                  f"{e.strerror or e}", file=sys.stderr)
+            say(f"gpt2asm serve: error: cannot listen on {args.host} port {args.port}: "
+                f"{e.strerror or e}")
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     name = args.name or (os.path.basename(os.path.normpath(str(args.model))) if args.model else "gpt2")
@@ -741,6 +739,6 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
     server.run(sockets=[sock])
     if state.load_error is not None:
         e = state.load_error
-        print(f"gpt2asm serve: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        say(f"gpt2asm serve: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return 2
     return 0

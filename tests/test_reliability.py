@@ -356,6 +356,20 @@ def test_stdout_full_or_closed(ckpt_tiny):
     one_line_error(r, "standard output is closed")
 
 
+def test_stderr_closed_or_full(ckpt_tiny):
+    """stderr closed at start (`2>&-`) or full: the notes (random weights) and the stats line are lost,
+    never the text on stdout or the exit status."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("GPT2ASM_", "HF_"))}
+    e.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", GPT2ASM_CACHE="off")
+    outs = set()
+    for redirect in ("2>&-", "2>/dev/full"):
+        r = subprocess.run(f'"{sys.executable}" -m gpt2asm --model "{ckpt_tiny}" -n 3 -t 0 hi {redirect}',
+                           shell=True, capture_output=True, text=True, env=e, timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("hi") and r.stdout.endswith("\n"), (redirect, r)
+        outs.add(r.stdout)
+    assert len(outs) == 1
+
+
 def test_ctrl_c_during_start_up(ckpt_tiny):
     """Ctrl-C at any moment of the start-up: never a traceback through gpt2asm's code (its imports of
     numpy and the library, argument parsing, loading).  Before the interpreter reaches gpt2asm at all --

@@ -118,3 +118,23 @@ def test_perplexity_tool(ckpt_ctx, tmp_path):
                            stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("gpt2asm.perplexity: error: cannot write to standard output")
+
+
+def test_perplexity_tool_closed_streams(ckpt_ctx, tmp_path):
+    """Descriptors closed at start (`<&-`, `>&-`, `2>&-`) or stderr full: stdin / stdout closed is one line
+    and status 2; a closed or full stderr loses the progress bar and the messages, never the result."""
+    f = tmp_path / "t.txt"
+    f.write_text(TEXT, encoding="utf-8")
+    cmd = f'"{sys.executable}" -m gpt2asm.perplexity --model "{ckpt_ctx}" --stride 32'
+
+    def sh(line: str) -> subprocess.CompletedProcess:
+        return subprocess.run(line, shell=True, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    for line, what in ((f"{cmd} -q - <&-", "cannot read stdin: it is closed"),
+                       (f'{cmd} -q "{f}" >&-', "standard output is closed")):
+        r = sh(line)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (line, r.stderr)
+        assert r.stderr.strip().splitlines() == [f"gpt2asm.perplexity: error: {what}"
+                                                 + ("; nowhere to write the result" if ">&-" in line else "")]
+    for line in (f'{cmd} "{f}" 2>&-', f'{cmd} "{f}" 2>/dev/full'):         # the progress bar on
+        r = sh(line)
+        assert r.returncode == 0 and r.stdout.startswith("perplexity ") and "tokens/s" in r.stdout, (line, r)
