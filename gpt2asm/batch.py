@@ -29,6 +29,8 @@ from .scheduler import MAX_SEED, Scheduler, SeqSpec, sample_seed
 
 SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
 API_BATCH = 32                               # sequences stepped together by the API's scheduler
+MAX_SEQUENCES = 1 << 16                      # prompts x n per call: each waiting one holds its spec and
+                                             # result (~2 KB); more is several calls, not one error at OOM
 
 
 def is_batch_ids(prompt_ids) -> bool:
@@ -59,6 +61,9 @@ def specs(id_lists: list[list[int]], n, max_new_tokens, stop, sampling: dict, lo
     if P == 0:
         raise InvalidArgumentError("no prompts")
     n = integer("n", 1 if n is None else n, 1, 4096)
+    if P * n > MAX_SEQUENCES:
+        raise InvalidArgumentError(f"{P} prompts x n={n} is {P * n:,} sequences, more than {MAX_SEQUENCES:,} "
+                                   "in one call: split the prompts over several calls")
     mx = _per_prompt("max_new_tokens", max_new_tokens, P)
     st = _per_prompt("stop", stop, P, _stop_is_list)
     per = {k: _per_prompt(k, v, P) for k, v in sampling.items()}

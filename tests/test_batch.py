@@ -221,6 +221,8 @@ def test_api_lists_and_samples(ckpt_tiny):
                 m.generate(["a", "b"], **bad)
         with pytest.raises(InvalidArgumentError):
             m.stream(["a", 3])
+        with pytest.raises(InvalidArgumentError, match="more than 65,536"):         # refused before any work
+            m.generate(["a"] * 1000, 2, n=1000)
         with pytest.raises(ContextOverflowError):
             m.generate(["a"], max_new_tokens=m.n_ctx)
         assert m.generate("Hello", 5, temperature=0) == m.generate(["Hello"], 5, temperature=0)[0]
