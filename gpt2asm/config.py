@@ -128,6 +128,14 @@ def _check_architecture(d: dict, source: str) -> None:
         problems.append("scale_attn_weights=false is not supported")
     if d.get("add_cross_attention"):
         problems.append("add_cross_attention=true is not supported")
+    arch = d.get("architectures")
+    if arch is not None and not (isinstance(arch, list) and arch
+                                 and all(isinstance(a, str) and a.startswith("GPT2") for a in arch)):
+        problems.append(f"architectures {shown(arch)} is not GPT-2's (GPT2LMHeadModel)")
+    for keys in _KEYS.values():                           # two names of one size that disagree (transformers'
+        given = {k: d[k] for k in keys if k != "n_ctx" and d.get(k) is not None}   # aliases; it ignores n_ctx)
+        if len({repr(v) for v in given.values()}) > 1:
+            problems.append(" and ".join(f"{k}={shown(v)}" for k, v in given.items()) + " disagree")
     if problems:
         raise CheckpointError(f"{source}: " + "; ".join(problems))
 

@@ -334,6 +334,9 @@ def test_config_from_json_and_aliases(tmp_path):
     assert GPT2Config.from_json(p) == GPT2Config(3, 256, 4, 64, 1000)
     p.write_text(json.dumps({"n_layer": 3, "n_embd": 256, "n_head": 4, "n_ctx": 50, "vocab_size": 1000}))
     assert GPT2Config.from_json(p).n_ctx == 50
+    p.write_text(json.dumps({"n_layer": 3, "n_embd": 256, "hidden_size": 256, "n_head": 4, "n_positions": 64,
+                             "n_ctx": 1024, "vocab_size": 1000, "architectures": ["GPT2LMHeadModel"]}))
+    assert GPT2Config.from_json(p) == GPT2Config(3, 256, 4, 64, 1000)     # agreeing aliases; n_ctx unused
     for bad, frag in [({"n_layer": 3, "n_embd": 256, "n_positions": 64, "vocab_size": 9}, "n_head"),
                       ({"n_layer": 3, "n_embd": 256, "n_head": 4, "n_positions": 64}, "vocab_size"),
                       ({"n_layer": 3, "n_embd": 256, "n_head": 8, "n_positions": 64, "vocab_size": 9}, "head_dim"),
@@ -346,6 +349,12 @@ def test_config_from_json_and_aliases(tmp_path):
                         "activation_function": "relu"}, "activation"),
                       ({"n_layer": 3, "n_embd": 256, "n_head": 4, "n_positions": 64, "vocab_size": 9,
                         "model_type": "llama"}, "model_type"),
+                      ({"n_layer": 3, "n_embd": 256, "n_head": 4, "n_positions": 64, "vocab_size": 9,
+                        "architectures": ["LlamaForCausalLM"]}, "architectures"),
+                      ({"n_layer": 3, "n_embd": 256, "n_head": 4, "n_positions": 64, "vocab_size": 9,
+                        "hidden_size": 512}, "n_embd=256 and hidden_size=512 disagree"),
+                      ({"n_layer": 3, "num_hidden_layers": 2, "n_embd": 256, "n_head": 4, "n_positions": 64,
+                        "vocab_size": 9}, "disagree"),
                       ([1, 2], "object")]:
         p.write_text(json.dumps(bad))
         with pytest.raises(CheckpointError, match=frag):
