@@ -30,7 +30,12 @@ def _local(spec: str, src: str) -> Path:
         d = d.parent
     if d.is_dir() and not missing(d):
         return d
-    what = f"missing {', '.join(missing(d))}" if d.is_dir() else "no such directory"
+    if d.is_dir():
+        what = f"missing {', '.join(missing(d))}"
+    elif d.exists():                                      # /dev/null, config.json: there, but not a directory
+        what = "not a directory (pass the directory that holds the model's files)"
+    else:
+        what = "no such directory"
     raise ModelNotFoundError(f"no GPT-2 model in {src} {d}: {what} (looked for {', '.join(NEEDED)}).\n"
                              + HOW_TO_GET)
 

@@ -377,3 +377,13 @@ def test_bad_pins_file(env, monkeypatch, tmp_path):
         monkeypatch.setenv("GPT2ASM_HUB_PINS", str(tmp_path / "p.json"))
         with pytest.raises(InvalidArgumentError, match="GPT2ASM_HUB_PINS"):
             hub.load_pins()
+
+
+def test_local_path_that_is_not_a_directory(tmp_path):
+    """A path that exists but is not a directory (a file, /dev/null) says so, not "no such directory"."""
+    from gpt2asm.files import find_model_dir
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    for p, what in ((f, "not a directory"), ("/dev/null", "not a directory"), (tmp_path / "nope", "no such directory")):
+        with pytest.raises(ModelNotFoundError, match=what):
+            find_model_dir(str(p), download=False)
