@@ -43,6 +43,7 @@ class GPT2Config:
     n_head: int       # attention heads; head_dim = n_embd // n_head must be 64
     n_ctx: int        # positions (rows of wpe)
     vocab_size: int   # V (rows of wte)
+    tie_word_embeddings: bool = True   # config.json's: false = the file must hold its own lm_head.weight
 
     def __post_init__(self):
         self.validate()
@@ -76,6 +77,9 @@ class GPT2Config:
             raise CheckpointError(f"config: vocab_size={self.vocab_size} exceeds the limit {MAX_VOCAB}")
         if self.n_ctx > MAX_CTX:
             raise CheckpointError(f"config: n_ctx={self.n_ctx} exceeds the limit {MAX_CTX}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise CheckpointError(f"config: tie_word_embeddings must be true or false, got "
+                                  f"{shown(self.tie_word_embeddings)}")
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config") -> "GPT2Config":
@@ -91,6 +95,8 @@ class GPT2Config:
                 values[field] = d[key]
         if missing:
             raise CheckpointError(f"{source}: missing field(s): {', '.join(missing)}")
+        if d.get("tie_word_embeddings") is not None:
+            values["tie_word_embeddings"] = d["tie_word_embeddings"]
         try:
             return cls(**values)
         except CheckpointError as e:

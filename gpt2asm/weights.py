@@ -9,7 +9,9 @@ structural problem reported as a CheckpointError:
 
 Both naming forms are accepted: 'transformer.h.0.attn.c_attn.weight' (save_pretrained) and
 'h.0.attn.c_attn.weight' (the hub's gpt2 file). The causal-mask buffers h.N.attn.bias / h.N.attn.masked_bias
-are ignored. lm_head.weight is optional: when present it is the output head, otherwise the head is tied to wte.
+are ignored. lm_head.weight is optional: when present it is the output head (as in transformers, whatever
+tie_word_embeddings says), otherwise the head is tied to wte -- unless config.json says
+tie_word_embeddings=false, which without an lm_head.weight is refused (transformers would draw a random head).
 
 Engine layout (see tile_matrix): every matrix multiply  y[out] = x[in] @ W[in][out] + b  uses W tiled as
     Wt[ceil(out/64)][in][64],  Wt[t][i][j] = W[i][64t + j]   (zero for 64t + j >= out)
@@ -429,6 +431,9 @@ class _Loader:
             raise CheckpointError(f"{where}: unexpected tensor(s), not part of GPT-2: {_listing(unknown)}")
         if "lm_head.weight" in present:
             expected["lm_head.weight"] = expected["wte.weight"]
+        elif not cfg.tie_word_embeddings:                # transformers would start that head from random numbers
+            raise CheckpointError(f"{where}: the config says tie_word_embeddings=false, but the file has no "
+                                  f"lm_head.weight (the output head is missing)")
         bad = [f"{self.names[n]} ({self.st.entries[self.names[n]].dtype})" for n in expected
                if self.st.entries[self.names[n]].dtype not in _NUMPY_DTYPE]
         if bad:

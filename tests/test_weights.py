@@ -265,6 +265,12 @@ def test_explicit_lm_head(ck):
     assert not w.tied_head
     check_tiled(w.head_w, lm.T, np.float32)
     np.testing.assert_array_equal(w.wte, t["transformer.wte.weight"])     # embeddings still from wte
+    cfg = json.loads((ck / "config.json").read_text())
+    for tie in (True, False):                    # the file's head either way, as transformers 5 loads it
+        (ck / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": tie}))
+        w = load_weights(ck)
+        assert not w.tied_head and w.config.tie_word_embeddings is tie
+        check_tiled(w.head_w, lm.T, np.float32)
     safetensors_numpy.save_file({**t, "lm_head.weight": lm[:, :64].copy()}, ck / "model.safetensors")
     expect_error(ck, "lm_head.weight", "[100, 64]", "[100, 128]")
 
@@ -506,6 +512,12 @@ def test_config_errors(ck):
     expect_error(ck, "missing tensor", "h.2.")
     p.write_text(json.dumps({**cfg, "n_head": 4}))
     expect_error(ck, "head_dim", "64")
+    p.write_text(json.dumps({**cfg, "tie_word_embeddings": False}))     # no lm_head.weight in the file
+    expect_error(ck, "tie_word_embeddings=false", "no lm_head.weight")
+    p.write_text(json.dumps({**cfg, "tie_word_embeddings": "yes"}))
+    expect_error(ck, "tie_word_embeddings must be true or false", "'yes'")
+    p.write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    assert load_weights(ck).tied_head
 
 
 # ---------------------------------------------------------------------------------------------------
