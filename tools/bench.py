@@ -47,6 +47,8 @@ Tables after the main one:
                    -j (each stream prefilled with its own prompt to position ~200, then N steps of
                    Transformer.step_batch for all B) and its ratio to B = 1; llama.cpp's
                    llama-batched-bench S_TG beside it (-npp 200 -ntg N, prompts not shared) where built
+    no VNNI        on a CPU with VNNI: q8_0 / q4_0 TTFT with the family's plain integer kernels
+                   (GPT2ASM_Q0_PLAIN=1, what a CPU without VNNI runs) against fp32 and the VNNI rows (--no-plain)
     server         `python -m gpt2asm serve` on 127.0.0.1 (ephemeral port) per dtype at the largest -j,
                    8 concurrent streaming greedy clients: TTFT and inter-token p50 / p99, aggregate tok/s
     PyTorch        transformers GPT2LMHeadModel, fp32, torch.set_num_threads(N): generate() 200 tokens, and
@@ -327,28 +329,50 @@ def w_ours(model: str, dtype: str, isa: str, threads: int, tokens: list, prompt_
         out.update(_paired(m, nbytes, threads, min(tokens)))
     if 2 <= min(tokens) < max(tokens) <= m.config.n_ctx:
         out.update(_pos_paired(m, min(tokens), max(tokens)))
-    # time to first token for a prompt of prompt_len tokens
     if prompt_len:
-        rng = np.random.default_rng(0)
-        prompts = [[int(x) for x in rng.integers(0, m.config.vocab_size - 1, prompt_len)] for _ in range(TTFT_RUNS)]
-        pids = prompts[0]
-        ttfts = []                                    # the best of TTFT_RUNS prompts: one run is at the bus's mercy
-        for p in prompts:
-            t0 = time.perf_counter()
-            next(iter(m.generate_ids(p, 1, temperature=0)))
-            ttfts.append(time.perf_counter() - t0)
-        out["ttft_s"], out["ttft_runs_s"] = min(ttfts), ttfts
-        out["prompt_len"] = prompt_len
-        out["prefill_flop"] = prefill_flop(m.config, prompt_len)
-        # the same prompt as prompt_len cached steps, and (with a prefill) its logits compared bit for bit
+        out.update(_ttft(m, prompt_len))
+    m.close()
+    return out
+
+
+def _ttft(m, prompt_len: int, steps: bool = True) -> dict:
+    """Time to first token for a prompt of prompt_len tokens (the best of TTFT_RUNS random prompts: one run
+    is at the bus's mercy), and the SHA-256 of the first prompt's last-token logits: from prompt_len cached
+    steps, compared bit for bit with the prefill's (steps=True), or from the prefill alone."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    prompts = [[int(x) for x in rng.integers(0, m.config.vocab_size - 1, prompt_len)] for _ in range(TTFT_RUNS)]
+    pids = prompts[0]
+    ttfts = []
+    for p in prompts:
+        t0 = time.perf_counter()
+        next(iter(m.generate_ids(p, 1, temperature=0)))
+        ttfts.append(time.perf_counter() - t0)
+    out = {"ttft_s": min(ttfts), "ttft_runs_s": ttfts, "prompt_len": prompt_len,
+           "prefill_flop": prefill_flop(m.config, prompt_len)}
+    pre = m.model.prefill(m.model.new_state(), pids)[0]
+    logits = pre
+    if steps:                                         # the same prompt as prompt_len cached steps
         st = m.model.new_state()
         t0 = time.perf_counter()
         for t in pids:
             logits = m.model.step(st, t)[0]
         out["steps_ttft_s"] = time.perf_counter() - t0
-        pre = m.model.prefill(m.model.new_state(), pids)[0]
         out["prefill_identical"] = bool(np.array_equal(pre.view(np.uint32), logits.view(np.uint32)))
-        out["logits_sha"] = hashlib.sha256(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest()
+    out["logits_sha"] = hashlib.sha256(np.ascontiguousarray(logits, dtype=np.float32).tobytes()).hexdigest()
+    return out
+
+
+def w_plain(model: str, dtype: str, isa: str, threads: int, prompt_len: int, cache: str) -> dict:
+    """A q8_0 / q4_0 prefill with the family's plain integer kernels (run with GPT2ASM_Q0_PLAIN=1: what a CPU
+    without VNNI runs): its TTFT and logits hash (from the prefill, which equals the cached steps' in every
+    main row)."""
+    m, _, _ = _build(Path(model), dtype, isa, threads, cache)
+    res = getattr(m.model, "resident", None)
+    if res is not None:
+        res.wait()
+    out = {"variant": m.model.k._q0_variant(), **_ttft(m, prompt_len, steps=False)}
     m.close()
     return out
 
@@ -659,7 +683,7 @@ def w_server(model: str, dtype: str, isa: str | None, threads: int, clients: int
 
 
 WORKERS = {"readbw": w_readbw, "fmapeak": w_fmapeak, "startup": w_startup, "ours": w_ours, "torch": w_torch,
-           "quality": w_quality, "batch": w_batch, "server": w_server}
+           "quality": w_quality, "batch": w_batch, "server": w_server, "plain": w_plain}
 
 
 def worker_main(spec: str) -> int:
@@ -742,6 +766,8 @@ def main(argv=None) -> int:
     ap.add_argument("--server-clients", type=int, default=8, help="concurrent streaming clients (default 8)")
     ap.add_argument("--server-requests", type=int, default=None, help="requests per client (default 4; quick 1)")
     ap.add_argument("--server-tokens", type=int, default=None, help="max_tokens per request (default 64; quick 16)")
+    ap.add_argument("--no-plain", action="store_true",
+                    help="no TTFT table of the plain (no-VNNI) q8_0 / q4_0 kernels on a CPU with VNNI")
     ap.add_argument("--no-ppl", action="store_true", help="no PPL / greedy agreement / max |dlogit| vs fp32")
     ap.add_argument("--ppl-tokens", type=int, default=None,
                     help=f"tokens of {TEXT.relative_to(ROOT)} to score (default 0 = all; quick 256)")
@@ -843,6 +869,24 @@ def main(argv=None) -> int:
                     continue
                 rows.append({"isa": fam, "dtype": dt, "threads": j, "runs": runs})
 
+    plain = []                                        # the plain integer kernels where this CPU has VNNI
+    if not a.no_plain and prompt_len:
+        from gpt2asm.q0kernels import q0_variant
+        for fam in fams:
+            try:
+                vnni, base = q0_variant(fam, plain=False), q0_variant(fam, plain=True)
+            except GPT2AsmError:                          # a family without q0 kernels
+                continue
+            if vnni == base:                              # no VNNI here: the main rows are the plain ones
+                continue
+            for j in threads:
+                say(f"plain integer kernels {fam} -j {j}: TTFT {prompt_len}")
+                row = {"isa": fam, "threads": j, "vnni": vnni}
+                for dt in (x for x in dtypes if x in Q0_DTYPES and x not in skipped):
+                    row[dt] = spawn("plain", env={"GPT2ASM_Q0_PLAIN": "1"}, model=str(d), dtype=dt, isa=fam,
+                                    threads=j, prompt_len=prompt_len, cache=a.cache)
+                plain.append(row)
+
     quality = {}
     if not a.no_ppl:
         say("PPL, greedy agreement, max |dlogit| vs fp32")
@@ -924,6 +968,7 @@ def main(argv=None) -> int:
     res["server"] = server_res
     res["llamacpp_batched"] = {"note": llama_batched_note, "rows": llama_batched}
     res["skipped"] = skipped
+    res["plain"] = plain
     res["startup"] = startup
     res["torch"] = torch_res
     res["llamacpp"] = {"note": llama_note, "rows": llama}
@@ -1052,9 +1097,15 @@ def main(argv=None) -> int:
         for x in r["runs"]:
             if x.get("logits_sha"):
                 shas.setdefault(r["dtype"], {}).setdefault(x["logits_sha"], set()).add(f"{r['isa']} -j {r['threads']}")
+    for p in plain:                                   # the plain kernels' prefills (docs: same bits)
+        for dt in Q0_DTYPES:
+            if (p.get(dt) or {}).get("logits_sha"):
+                shas.setdefault(dt, {}).setdefault(p[dt]["logits_sha"], set()).add(
+                    f"{p['isa']} {p[dt]['variant']} -j {p['threads']}")
     if shas:
         lines.append(f"- bit-identity: SHA-256 of the last-token logits of the {prompt_len}-token prompt (cached "
-                     "steps), per dtype over every family and -j of this run: "
+                     "steps; the plain integer kernels' rows: their prefill), per dtype over every family, variant "
+                     "and -j of this run: "
                      + "; ".join(f"{dt} {next(iter(v))[:16]} (one hash, {len(next(iter(v.values())))} rows)"
                                  if len(v) == 1 else f"{dt}: {len(v)} DIFFERENT hashes" for dt, v in shas.items()))
     lims = [f"{r['isa']} {r['dtype']} -j {r['threads']} {r['steps_s'] / r['prefill_at_peak_s']:.1f}x" for r in rows
@@ -1092,6 +1143,7 @@ def main(argv=None) -> int:
     if errors:
         lines += ["", "errors:"] + [f"- {e}" for e in errors]
     lines += _quality_table(quality)
+    lines += _plain_table(plain, rows, prompt_len)
     lines += _batch_table(batch_res, batches, batch_steps, llama_batched, llama_batched_note, a.no_batch)
     lines += _server_table(server_res, a.server_clients, srv_requests, srv_tokens, a.no_server)
     if llama:
@@ -1107,6 +1159,31 @@ def main(argv=None) -> int:
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     print(f"written to {out} and {out.with_suffix('.json')}")
     return 0
+
+
+def _plain_table(plain: list, rows: list, prompt_len: int) -> list[str]:
+    """The q8_0 / q4_0 prefill with the plain integer kernels (what a CPU without VNNI runs: vpmaddubsw /
+    vpmaddwd), run here by GPT2ASM_Q0_PLAIN=1 on a CPU that has VNNI, beside fp32's and the VNNI rows' TTFT
+    of the same family and -j from the main table."""
+    if not plain:
+        return []
+    ttft = {(r["isa"], r["dtype"], r["threads"]): r.get("ttft_s") for r in rows}
+    out = ["", f"Integer prefill without VNNI (TTFT {prompt_len}, s): the plain q8_0 / q4_0 kernels "
+           "(`GPT2ASM_Q0_PLAIN=1`, what a CPU without AVX-VNNI / AVX512-VNNI runs) on this CPU, against fp32 "
+           "and the VNNI kernels of the same family and -j (main table); > 1x: the plain row is faster. Port "
+           "rates differ between CPUs: a CPU without VNNI may differ.", "",
+           "| kernels | -j | q8_0 plain | vs f32 | vs q8_0 VNNI | q4_0 plain | vs f32 | vs q4_0 VNNI |",
+           "|---|---|---|---|---|---|---|---|"]
+    for p in plain:
+        fam, j = p["isa"], p["threads"]
+        cells = [f"{fam} ({p.get('q8_0', p.get('q4_0', {})).get('variant', '?')} vs {p['vnni']})", str(j)]
+        for dt in Q0_DTYPES:
+            x = p.get(dt) or {}
+            t = x.get("ttft_s")
+            cells += ([f"{fmt(t, '.3f')}", ratio(ttft.get((fam, "f32", j)), t), ratio(ttft.get((fam, dt, j)), t)]
+                      if t else [x.get("error") or x.get("skipped") or "–", "–", "–"])
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def _ppl_cell(q: dict | None, ref: dict | None) -> str:
