@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 
 import numpy as np
 
@@ -69,8 +69,9 @@ def token_id(t, vocab: int) -> int:
 
 
 def token_ids(ids, vocab: int, empty: bool = True) -> list[int]:
-    """A list of token ids in 0..vocab-1 from a 1-D sequence (no str, bytes, float, bool or numpy floats)."""
-    if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+    """A list of token ids in 0..vocab-1 from a 1-D sequence or an iterator (no str, bytes, float, bool or
+    numpy floats; no dict or set, whose order is not the text's)."""
+    if isinstance(ids, (str, bytes, bytearray, Mapping, Set)) or not isinstance(ids, Iterable):
         raise InvalidArgumentError(f"expected a sequence of token ids, got {type(ids).__name__}")
     if isinstance(ids, np.ndarray) and ids.ndim != 1:
         raise InvalidArgumentError(f"expected a 1-D sequence of token ids, got shape {ids.shape}")

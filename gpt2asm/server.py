@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import contextlib
 import hmac
 import json
@@ -346,13 +347,21 @@ def create_app(state: App):
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    class JSON(JSONResponse):
+        def render(self, content) -> bytes:
+            try:
+                return super().render(content)                  # UTF-8, as OpenAI's API answers
+            except UnicodeEncodeError:                          # a lone surrogate from the request (a field
+                return json.dumps(content, ensure_ascii=True, allow_nan=False,    # name in `param`): escaped
+                                  separators=(",", ":")).encode("ascii")
+
     def error(e: APIError, endpoint: str) -> JSONResponse:
         state.metrics.requests.labels(endpoint, str(e.status)).inc()
-        return JSONResponse(error_body(e.status, e.message, e.type, e.param, e.code), status_code=e.status)
+        return JSON(error_body(e.status, e.message, e.type, e.param, e.code), status_code=e.status)
 
     def ok(body, endpoint: str, status: int = 200) -> JSONResponse:
         state.metrics.requests.labels(endpoint, str(status)).inc()
-        return JSONResponse(body, status_code=status)
+        return JSON(body, status_code=status)
 
     async def read_json(request: Request):
         n = request.headers.get("content-length")
@@ -570,7 +579,7 @@ class Choice:
     def __init__(self, m, index: int, p: dict, prompt_lp):
         self.m, self.index, self.p = m, index, p
         self.prompt = index // p["n"]
-        self.text, self.tokens, self.lps, self.tops = "", [], [], []
+        self.text, self.tokens, self.lps, self.tops, self.offs = "", [], [], [], []
         self.finish_reason = self.error = None
         self.n_tokens = 0
         self.prompt_lp = None if prompt_lp is None else prompt_lp[self.prompt]
@@ -578,29 +587,37 @@ class Choice:
     def _tok(self, t: int) -> str:
         return self.m.tokenizer.token_bytes(t).decode("utf-8", errors="replace")
 
-    def _logprobs(self, toks, lps, tops, offset: int) -> dict | None:
+    def _logprobs(self, toks, lps, tops, offs: list[int]) -> dict | None:
         if self.p["logprobs"] is None:
             return None
-        strs = [self._tok(t) for t in toks]
-        offs, o = [], offset
-        for s in strs:
-            offs.append(o)
-            o += len(s)
-        return {"tokens": strs, "token_logprobs": [_json_safe(x) for x in lps],
+        return {"tokens": [self._tok(t) for t in toks], "token_logprobs": [_json_safe(x) for x in lps],
                 "top_logprobs": [None if tp is None else {self._tok(t): v for t, v in tp.items()} for tp in tops],
-                "text_offset": offs}
+                "text_offset": list(offs)}
+
+    def _prompt_offsets(self) -> list[int]:
+        """text_offset of the prompt's tokens in the echoed text: the characters complete before each token
+        (a token that starts inside a multi-byte character points at that character), as the generated
+        tokens' offsets count the text streamed before them."""
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        offs, n = [], 0
+        for t in self.p["prompt_ids"][self.prompt]:
+            offs.append(n)
+            n += len(dec.decode(self.m.tokenizer.token_bytes(t)))
+        return offs
 
     def _echo_text(self) -> str:
+        """The prompt as echoed: its text, or its ids decoded -- an empty prompt's <|endoftext|> too, the
+        token the model started from (usage and logprobs count it)."""
         t = self.p["texts"][self.prompt]
-        return t if t is not None else self.m.decode(self.p["prompt_ids"][self.prompt])
+        return t if t else self.m.decode(self.p["prompt_ids"][self.prompt])
 
     def echo_piece(self) -> dict:
         ids = self.p["prompt_ids"][self.prompt]
         lp = None
         if self.prompt_lp is not None:
-            lp = self._logprobs(ids, self.prompt_lp[0], self.prompt_lp[1], 0)
+            lp = self._logprobs(ids, self.prompt_lp[0], self.prompt_lp[1], self._prompt_offsets())
         elif self.p["logprobs"] is not None:
-            lp = self._logprobs(ids, [None] * len(ids), [None] * len(ids), 0)
+            lp = self._logprobs(ids, [None] * len(ids), [None] * len(ids), self._prompt_offsets())
         self.echoed = len(self._echo_text())
         return {"index": self.index, "text": self._echo_text(), "logprobs": lp, "finish_reason": None}
 
@@ -614,8 +631,8 @@ class Choice:
             self.tokens.append(ev.token)
             self.lps.append(ev.logprob)
             self.tops.append(ev.top)
-            lp = self._logprobs([ev.token], [ev.logprob], [ev.top],
-                                (len(self._echo_text()) if self.p["echo"] else 0) + before)
+            self.offs.append((len(self._echo_text()) if self.p["echo"] else 0) + before)  # text before it
+            lp = self._logprobs([ev.token], [ev.logprob], [ev.top], self.offs[-1:])
         if ev.finish_reason is not None:
             self.finish_reason = ev.finish_reason
             self.error = ev.error if ev.finish_reason == "error" else None
@@ -626,12 +643,13 @@ class Choice:
     def final(self) -> dict:
         text, lp = self.text, None
         if self.p["logprobs"] is not None:
-            toks, lps, tops = list(self.tokens), list(self.lps), list(self.tops)
+            toks, lps, tops, offs = list(self.tokens), list(self.lps), list(self.tops), list(self.offs)
             if self.p["echo"]:
                 ids = self.p["prompt_ids"][self.prompt]
                 plp = self.prompt_lp or ([None] * len(ids), [None] * len(ids))
                 toks, lps, tops = list(ids) + toks, list(plp[0]) + lps, list(plp[1]) + tops
-            lp = self._logprobs(toks, lps, tops, 0)
+                offs = self._prompt_offsets() + offs
+            lp = self._logprobs(toks, lps, tops, offs)
         if self.p["echo"]:
             text = self._echo_text() + text
         return {"index": self.index, "text": text, "logprobs": lp, "finish_reason": self.finish_reason}

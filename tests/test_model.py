@@ -111,6 +111,15 @@ def test_bad_token_ids_rejected(ckpt_tiny):
             m.logits(bad)
     with pytest.raises(InvalidArgumentError):
         m.model.step(m.model.new_state(), m.config.vocab_size)
+    # a dict or a set is no token sequence (their order is not the text's): refused, as str and bytes are
+    for bad in ({15496: "x", 995: "y"}, {15496, 995}, frozenset([1]), "abc", b"ab"):
+        with pytest.raises(InvalidArgumentError, match="sequence of token ids"):
+            m.logits(bad)
+        with pytest.raises(InvalidArgumentError):
+            m.decode(bad)
+        with pytest.raises(InvalidArgumentError):
+            list(m.generate_ids([bad], max_new_tokens=1, temperature=0))
+    assert m.decode(iter([15496, 995])) == m.decode([15496, 995])       # an iterator is a sequence in order
 
 
 def test_transformer_calls_check_their_state(ckpt_tiny):

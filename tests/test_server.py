@@ -151,6 +151,30 @@ def test_echo_logprobs_are_scoring_numbers(srv, ref):
         assert v <= 0 and max(top.values()) == pytest.approx(v)        # greedy: the most likely token
 
 
+def test_echo_offsets_and_empty_prompt(srv, ref):
+    """text_offset: where each token's text starts in `text` -- the characters complete before it (a byte
+    token inside a multi-byte character points at that character), the same streamed or not; an empty
+    prompt echoes the <|endoftext|> it starts from, as its logprobs and usage count it."""
+    c = srv.client()
+    for prompt in ("日本の天気", "a 🙂 b"):
+        ids = ref.encode(prompt)
+        kw = dict(model="tiny", prompt=prompt, max_tokens=4, echo=True, logprobs=0, temperature=0)
+        r = c.completions.create(**kw).choices[0]
+        offs, tokens = r.logprobs.text_offset, r.logprobs.tokens
+        assert r.text == prompt + ref.generate(prompt, 4, temperature=0) and len(offs) == len(ids) + 4
+        dec = [len(ref.decode(ids[:i])) for i in range(len(ids))]
+        assert offs[0] == 0 and all(a <= b <= len(r.text) for a, b in zip(offs, offs[1:]))
+        assert offs[len(ids)] == len(prompt) and len(tokens) == len(offs)
+        assert all(o <= d for o, d in zip(offs, dec))     # decode() of a cut prefix may add a U+FFFD
+        streamed = [o for ch in c.completions.create(**kw, stream=True) for o in
+                    (ch.choices[0].logprobs.text_offset if ch.choices and ch.choices[0].logprobs else [])]
+        assert streamed == offs
+    r = c.completions.create(model="tiny", prompt="", max_tokens=2, echo=True, logprobs=0, temperature=0)
+    ch = r.choices[0]
+    assert ch.text == "<|endoftext|>" + ref.generate("", 2, temperature=0) and r.usage.prompt_tokens == 1
+    assert ch.logprobs.tokens[0] == "<|endoftext|>" and ch.logprobs.text_offset[:2] == [0, 13]
+
+
 def test_side_endpoints(srv, ref):
     assert http(srv.url + "/health") == (200, {"status": "ok"})
     st, body = http(srv.url + "/tokenize", {"prompt": "Hello world"})
@@ -215,6 +239,7 @@ def test_errors(srv, ref):
         err(http(u, {"prompt": "Hi", **bad}), 400, param)
     err(http(u, {"prompt": "Hi", "max_tokens": ref.n_ctx}), 400, "max_tokens", "context_length_exceeded")
     err(http(u, {"prompt": [0] * (ref.n_ctx + 1), "max_tokens": 0}), 400, code="context_length_exceeded")
+    err(http(u, raw=b'{"\\ud800": 1, "prompt": "a"}'), 400, "\ud800")      # a lone surrogate as a name
     err(http(u, raw=b"{not json"), 400)
     err(http(u, raw=b"[1, 2]"), 400)
     err(http(u, {"prompt": "Hi", "model": "gpt-4"}), 404, "model", "model_not_found")
