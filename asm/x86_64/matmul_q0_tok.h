@@ -33,6 +33,9 @@
 
         .set    MQ_WO, 0
         .set    MQ_G, 0
+#ifndef MQ_PFD_W
+#  define MQ_PFD_W 0            /* q8_0 VNNI whole-record passes: prefetcht0 distance (0: none; the ISA file sets it) */
+#endif
 
         .macro  zero_f t, i, f, a
         VPXOR   %VZ\f, %VZ\f, %VZ\f
@@ -111,8 +114,15 @@
         /* one record's \ns sub-tiles (1, or MQ_NSW in a wide pass): s = \init; per group g < \ngrp and
            sub-tile: \wop g (the weight operand, at MQ_WO), \tok per token; then \fin per token (if any)
            and the fp32 step.  The integer sums' order is free; the fp32 step is the contract's. */
-        .macro  grp_blk mt, ns, init, ngrp, wop, tok, fin
+        .macro  grp_blk mt, ns, init, ngrp, wop, tok, fin, lines=0
         each_st \mt, \ns, \init
+        .if MQ_PFD_W && \lines && \ns * MQ_VL >= 256
+        .set    MQ_PFO, 0                       /* a whole-record pass (1-2 tokens): the record's lines */
+        .rept   \lines                          /* MQ_PFD_W bytes ahead, one forward stream */
+        prefetcht0 MQ_PFO+MQ_PFD_W(%rdi)
+        .set    MQ_PFO, MQ_PFO + 64
+        .endr
+        .endif
         .irp    g, 0, 1, 2, 3, 4, 5, 6, 7
         .if     \g < \ngrp
         .irp    s, 0, 1, 2, 3
@@ -157,7 +167,7 @@
         grp_blk \mt, \ns, zero_i, 8, q8s_w, q8s_tok
         .endm
         .macro  q8v_blk mt, ns                  // q8_0, VNNI
-        grp_blk \mt, \ns, corr_i, 8, q8v_w, q8v_tok
+        grp_blk \mt, \ns, corr_i, 8, q8v_w, q8v_tok, , 34
         .endm
         .macro  q4m_blk mt, ns                  // q4_0, vpmaddubsw
         grp_blk \mt, \ns, zero_i, 4, nibbles, q4m_tok, q4m_fin
