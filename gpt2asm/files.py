@@ -56,6 +56,22 @@ def find_model_dir(model: str | os.PathLike | None = None, *, download: bool = T
                                  + (f" ({e.filename!s:.200})" if e.filename else "")) from None
 
 
+def model_label(model: str | os.PathLike | None = None) -> str:
+    """A short name for the model find_model_dir(model) / GPT2.load(model) takes, without loading it: the
+    last part of --model (a directory, a .safetensors or .gguf file, a hub name), else of $GPT2ASM_MODEL,
+    else the current directory's name when it holds a model, else 'gpt2'."""
+    spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) and str(model).strip() else None
+    if spec is None and os.environ.get("GPT2ASM_MODEL", "").strip():
+        spec = os.environ["GPT2ASM_MODEL"]
+    if spec is None:
+        try:
+            cwd = Path.cwd()
+            return cwd.name if cwd.name and not missing(cwd) else DEFAULT_NAME
+        except OSError:
+            return DEFAULT_NAME
+    return os.path.basename(os.path.normpath(spec.strip())) or DEFAULT_NAME
+
+
 def _find_model_dir(model, download: bool, progress: bool) -> Path:
     if model is not None:
         if not isinstance(model, (str, os.PathLike)) or not str(model).strip():

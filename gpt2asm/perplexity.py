@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpt2asm.perplexity",
                                  description="Perplexity of a text file (sliding windows past n_ctx).")
     ap.add_argument("file", help="a UTF-8 text file, or - for stdin")
-    ap.add_argument("--model", metavar="DIR|NAME", default=None, help="as python -m gpt2asm --model")
-    ap.add_argument("--dtype", choices=DTYPE_LABELS, default="f32", help="weight matrices (default f32)")
+    ap.add_argument("--model", metavar="DIR|FILE|NAME", default=None, help="as python -m gpt2asm --model")
+    ap.add_argument("--dtype", choices=DTYPE_LABELS, default=None,
+                    help="weight matrices (default f32; a GGUF's own type for a .gguf)")
     ap.add_argument("-j", type=positive_int(1, 256), default=1, metavar="N", help="threads (default 1)")
     ap.add_argument("-s", dest="isa", metavar="ISA", default=None, help="kernel family (default: best)")
     ap.add_argument("--stride", type=positive_int(1, 1 << 20), default=None, metavar="S",

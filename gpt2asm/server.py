@@ -662,8 +662,9 @@ def parser() -> argparse.ArgumentParser:
     from .__main__ import DTYPE_LABELS, dtype_arg, positive_int
     ap = argparse.ArgumentParser(prog="python -m gpt2asm serve",
                                  description="An OpenAI-compatible completions server (continuous batching).")
-    ap.add_argument("--model", metavar="DIR|NAME", default=None, help="as python -m gpt2asm --model")
-    ap.add_argument("--dtype", type=dtype_arg, choices=DTYPE_LABELS, default="f32", help="weight matrices (default f32)")
+    ap.add_argument("--model", metavar="DIR|FILE|NAME", default=None, help="as python -m gpt2asm --model")
+    ap.add_argument("--dtype", type=dtype_arg, choices=DTYPE_LABELS, default=None,
+                    help="weight matrices (default f32; a GGUF's own type for a .gguf)")
     ap.add_argument("--kv", choices=("f32", "f16"), default=None, help="KV cache dtype (default: as the CLI)")
     ap.add_argument("-j", type=positive_int(1, 256), default=1, metavar="N", help="threads per matrix product")
     ap.add_argument("-s", dest="isa", metavar="ISA", default=None, help="kernel family (default: best)")
@@ -728,7 +729,8 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
                 f"{e.strerror or e}")
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
-    name = args.name or (os.path.basename(os.path.normpath(str(args.model))) if args.model else "gpt2")
+    from .files import model_label
+    name = args.name or model_label(args.model)
 
     def loader():
         from .engine import GPT2

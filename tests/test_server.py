@@ -516,3 +516,22 @@ def test_max_batch_beyond_memory(ckpt_tiny, monkeypatch):
         assert st == 200 and len(body["choices"]) == 5
     finally:
         s.stop()
+
+
+def test_serve_defaults_follow_the_model(ckpt_tiny, tmp_path, monkeypatch):
+    """serve's --dtype defaults as the CLI's (None: f32, or a GGUF's own type) and --name to the model's
+    last path part, however it was named: --model, $GPT2ASM_MODEL or the current directory."""
+    from gpt2asm.files import model_label
+    from gpt2asm.server import parser
+    assert parser().parse_args([]).dtype is None
+    monkeypatch.delenv("GPT2ASM_MODEL", raising=False)
+    monkeypatch.chdir(tmp_path)                                     # holds no model
+    assert model_label(None) == "gpt2"
+    assert model_label(str(ckpt_tiny) + "/") == ckpt_tiny.name
+    assert model_label("openai-community/gpt2-medium") == "gpt2-medium"
+    assert model_label(tmp_path / "m.gguf") == "m.gguf"
+    monkeypatch.setenv("GPT2ASM_MODEL", str(ckpt_tiny))
+    assert model_label(None) == ckpt_tiny.name
+    monkeypatch.delenv("GPT2ASM_MODEL")
+    monkeypatch.chdir(ckpt_tiny)
+    assert model_label(None) == ckpt_tiny.name
