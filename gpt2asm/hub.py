@@ -119,12 +119,21 @@ def hf_cache_dir() -> Path:
     return Path(base) / "huggingface" / "hub"
 
 
-def own_cache_dir() -> Path:
-    """gpt2asm's own cache: $GPT2ASM_CACHE, else $XDG_CACHE_HOME/gpt2asm, else ~/.cache/gpt2asm."""
-    if os.environ.get("GPT2ASM_CACHE"):
-        return expand_user(os.environ["GPT2ASM_CACHE"], "$GPT2ASM_CACHE")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpt2asm"
+CACHE_OFF = {"off", "0", "no", "none", "false", "disabled"}     # $GPT2ASM_CACHE values (or blank): no cache
+
+
+def own_cache_dir() -> Path | None:
+    """gpt2asm's own cache -- the tile cache, the tokenizer's, verified.json, and models downloaded when the
+    Hugging Face cache is read-only: $GPT2ASM_CACHE, else $XDG_CACHE_HOME/gpt2asm, else ~/.cache/gpt2asm;
+    None when $GPT2ASM_CACHE is off (CACHE_OFF or blank)."""
+    env = os.environ.get("GPT2ASM_CACHE")
+    if env is not None:
+        if not env.strip() or env.strip().lower() in CACHE_OFF:
+            return None
+        return expand_user(env, "$GPT2ASM_CACHE")
+    if os.environ.get("XDG_CACHE_HOME", "").strip():
+        return expand_user(os.environ["XDG_CACHE_HOME"], "$XDG_CACHE_HOME") / "gpt2asm"
+    return expand_user("~", "the home directory (for ~/.cache/gpt2asm)") / ".cache" / "gpt2asm"
 
 
 def endpoint() -> str | None:
@@ -246,8 +255,11 @@ class _Verified:
     """Remembers files that passed: realpath -> [size, mtime_ns, inode, sha256]."""
 
     def __init__(self):
-        self.path = own_cache_dir() / "verified.json"
+        own = own_cache_dir()
+        self.path = None if own is None else own / "verified.json"    # None: $GPT2ASM_CACHE=off, not kept
         try:
+            if self.path is None:
+                raise ValueError("no cache")
             self.data = json.loads(read_text(self.path, MAX_JSON, ModelNotFoundError, "verified.json"))
             if not isinstance(self.data, dict):
                 self.data = {}
@@ -277,6 +289,8 @@ class _Verified:
             pass
 
     def _save(self) -> None:
+        if self.path is None:                     # $GPT2ASM_CACHE=off: hashed again next time
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -387,18 +401,21 @@ def find_cached(repo: str, pins: dict[str, Pin] | None = None) -> tuple[Path | N
     if snap is not None:
         return snap, looked
     looked.append(f"  the Hugging Face cache {hf}: no complete snapshot of {repo}")
-    own = own_cache_dir() / "models" / repo.replace("/", "--")
+    own = own_cache_dir()
+    own = None if own is None else own / "models" / repo.replace("/", "--")
     cands = []
-    if rev:
+    if rev and own is not None:
         cands.append(own / rev)
     try:
-        cands += sorted((p for p in own.iterdir() if p.is_dir()), key=_mtime, reverse=True)
+        if own is not None:
+            cands += sorted((p for p in own.iterdir() if p.is_dir()), key=_mtime, reverse=True)
     except OSError:
         pass
     snap = _first_verified(dict.fromkeys(cands), repo, pins, looked)
     if snap is not None:
         return snap, looked
-    looked.append(f"  gpt2asm's cache {own}: nothing complete")
+    looked.append(f"  gpt2asm's cache {own}: nothing complete" if own is not None else
+                  "  gpt2asm's cache: off ($GPT2ASM_CACHE)")
     return None, looked
 
 
@@ -543,7 +560,11 @@ def _download(repo: str, pin: Pin | None, ep: str | None, log, cache_dir, hf_hub
     hf_cache = Path(cache_dir) if cache_dir is not None else hf_cache_dir()
     local_dir = None
     if not _writable(hf_cache):
-        local_dir = own_cache_dir() / "models" / repo.replace("/", "--") / revision
+        own = own_cache_dir()
+        if own is None:
+            raise DownloadError(f"cannot download {repo}: the Hugging Face cache {hf_cache} is not writable "
+                                f"and gpt2asm's own cache is off ($GPT2ASM_CACHE)")
+        local_dir = own / "models" / repo.replace("/", "--") / revision
         if not _writable(local_dir):
             raise DownloadError(f"cannot download {repo}: neither the Hugging Face cache {hf_cache} nor "
                                 f"{local_dir} is writable")

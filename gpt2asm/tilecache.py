@@ -71,7 +71,8 @@ import numpy as np
 
 from . import weights as W
 from .errors import CheckpointError, GPT2AsmError, shown
-from .safefs import MAX_JSON, expand_user, read_bytes
+from .hub import CACHE_OFF as OFF, own_cache_dir
+from .safefs import MAX_JSON, read_bytes
 from .tilelayout import (LAYOUTS, Layout, q0_assemble, q0_expected, register_layout,  # noqa: F401
                          tiled_assemble, tiled_expected, tiled_stored)
 
@@ -87,7 +88,6 @@ RACY_SECONDS = 2.0                                # a checkpoint changed more re
 FREE_MARGIN = 64 << 20                            # leave this much disk free when writing a cache
 TMP_MAX_AGE = 3600                                # leftover temp files older than this are removed
 MAX_BYTES_DEFAULT = 8 << 30                       # least recently used caches beyond this are removed
-OFF = {"off", "0", "no", "none", "false", "disabled"}
 
 
 class CacheMiss(Exception):
@@ -106,13 +106,11 @@ class CacheInfo:
 # where, and the key
 
 def cache_root(cache_dir=None) -> Path | None:
-    """The cache directory, or None when caching is off ($GPT2ASM_CACHE=off)."""
+    """The cache directory: cache_dir, else gpt2asm's own cache (hub.own_cache_dir: $GPT2ASM_CACHE,
+    $XDG_CACHE_HOME/gpt2asm or ~/.cache/gpt2asm), or None when caching is off ($GPT2ASM_CACHE=off)."""
     if cache_dir is not None:
         return Path(cache_dir)
-    env = os.environ.get("GPT2ASM_CACHE")
-    if env is not None:
-        return None if env.strip().lower() in OFF or not env.strip() else expand_user(env, "$GPT2ASM_CACHE")
-    return expand_user("~", "the home directory (for ~/.cache/gpt2asm)") / ".cache" / "gpt2asm"
+    return own_cache_dir()
 
 
 def cache_file(root: Path, source: Path, dtype: str) -> Path:

@@ -106,6 +106,27 @@ def test_names():
     assert all(re.fullmatch(r"[0-9a-f]{64}", p.sha256) for p in pin.files.values())
 
 
+def test_own_cache_dir_one_rule(env, monkeypatch):
+    """gpt2asm's own cache is one directory for the hub and the tile cache: $GPT2ASM_CACHE, else
+    $XDG_CACHE_HOME/gpt2asm, else ~/.cache/gpt2asm; $GPT2ASM_CACHE=off (or blank) is no cache for both,
+    never a directory named 'off'."""
+    from gpt2asm import tilecache
+    assert hub.own_cache_dir() == tilecache.cache_root() == env / "own"
+    monkeypatch.delenv("GPT2ASM_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(env / "xdg"))
+    assert hub.own_cache_dir() == tilecache.cache_root() == env / "xdg" / "gpt2asm"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert hub.own_cache_dir() == tilecache.cache_root() == Path.home() / ".cache" / "gpt2asm"
+    for off in ("off", "OFF", "0", " "):
+        monkeypatch.setenv("GPT2ASM_CACHE", off)
+        assert hub.own_cache_dir() is tilecache.cache_root() is None
+    snap, looked = hub.find_cached("openai-community/gpt2")
+    assert snap is None and any("gpt2asm's cache: off" in line for line in looked), looked
+    with pytest.raises(ModelNotFoundError):
+        GPT2.load("gpt2", download=False)
+    assert not (env / "off").exists()
+
+
 def test_download_verify_and_reuse(served, ckpt_tiny, capfd):
     pins = pins_for(ckpt_tiny)
     d = hub.resolve("gpt2", pins=pins)
