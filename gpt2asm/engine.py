@@ -140,8 +140,8 @@ class GPT2:
         the Hugging Face cache or downloaded, unless download=False). None: $GPT2ASM_MODEL, the current
         directory, then 'gpt2'.
 
-        A .gguf file (llama.cpp's GPT-2 GGUF: F32/F16/Q8_0/Q4_0 tensors) is read with its tokenizer from
-        its metadata (gpt2asm.ggufload).
+        A .gguf file (llama.cpp's GPT-2 GGUF: F32/F16/BF16/Q8_0/Q4_0 tensors, a Q6_K output / token_embd)
+        is read with its tokenizer from its metadata (gpt2asm.ggufload).
 
         dtype 'f32', 'f16' (weight matrices stored as fp16), 'q8_0' or 'q4_0' (llama.cpp's blocks of 32
         with integer dot products; KernelUnavailableError on a kernel family whose plan executor does not
