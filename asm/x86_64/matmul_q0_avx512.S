@@ -26,10 +26,11 @@
 #define MQ_VL 64
 #define MQ_NSW 4                                // sub-tiles of a wide pass (1-2 tokens): the whole record
 #define MQ_NSW2 2                               // and of 3-4 tokens (0: none)
-/* The q8_0 VNNI whole-record pass (1-2 tokens: batched decode at B = 2, and the head) prefetches the
- * record's 34 lines MQ_PFD_W bytes ahead (prefetcht0): ~3 ops a line left too few lines in flight, and
- * on Zen 5 a B = 2 q8_0 step took 6.4-10.8 ms without it, 4.4-4.5 ms with it (2-8 KiB alike;
- * docs/notes.md "q8_0 at B = 2 on Zen 5"). q4_0's pass (more ops a line) gained nothing. */
+/* The q8_0 whole-record passes (1-2 tokens: batched decode at B = 2, and the head), VNNI and sign trick,
+ * prefetch the record's 34 lines MQ_PFD_W bytes ahead (prefetcht0): the hardware prefetchers alone kept
+ * too few lines in flight. On Zen 5 a B = 2 q8_0 step took 6.4-6.8 ms without it, 4.4-5.1 with it (VNNI;
+ * 2-8 KiB alike); sign trick 6.2 -> 4.7-4.9 ms (docs/notes.md "q8_0 at B = 2 on Zen 5"). q4_0's passes
+ * gained nothing. */
 #ifndef MQ_PFD_W
 #  define MQ_PFD_W 4096
 #endif

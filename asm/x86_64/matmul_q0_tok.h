@@ -34,7 +34,7 @@
         .set    MQ_WO, 0
         .set    MQ_G, 0
 #ifndef MQ_PFD_W
-#  define MQ_PFD_W 0            /* q8_0 VNNI whole-record passes: prefetcht0 distance (0: none; the ISA file sets it) */
+#  define MQ_PFD_W 0            /* q8_0 whole-record passes: prefetcht0 distance (0: none; the ISA file sets it) */
 #endif
 
         .macro  zero_f t, i, f, a
@@ -164,7 +164,7 @@
         .endm
 
         .macro  q8s_blk mt, ns                  // q8_0, sign trick
-        grp_blk \mt, \ns, zero_i, 8, q8s_w, q8s_tok
+        grp_blk \mt, \ns, zero_i, 8, q8s_w, q8s_tok, , 34
         .endm
         .macro  q8v_blk mt, ns                  // q8_0, VNNI
         grp_blk \mt, \ns, corr_i, 8, q8v_w, q8v_tok, , 34
