@@ -257,14 +257,13 @@ class _Verified:
     def __init__(self):
         own = own_cache_dir()
         self.path = None if own is None else own / "verified.json"    # None: $GPT2ASM_CACHE=off, not kept
-        try:
-            if self.path is None:
-                raise ValueError("no cache")
-            self.data = json.loads(read_text(self.path, MAX_JSON, ModelNotFoundError, "verified.json"))
-            if not isinstance(self.data, dict):
-                self.data = {}
-        except (GPT2AsmError, ValueError, RecursionError):
-            self.data = {}
+        self.data = {}
+        if self.path is not None:
+            try:
+                data = json.loads(read_text(self.path, MAX_JSON, ModelNotFoundError, "verified.json"))
+                self.data = data if isinstance(data, dict) else {}
+            except (GPT2AsmError, ValueError, RecursionError):
+                pass
 
     @staticmethod
     def _key(p: Path) -> tuple[str, list]:
@@ -402,20 +401,21 @@ def find_cached(repo: str, pins: dict[str, Pin] | None = None) -> tuple[Path | N
         return snap, looked
     looked.append(f"  the Hugging Face cache {hf}: no complete snapshot of {repo}")
     own = own_cache_dir()
-    own = None if own is None else own / "models" / repo.replace("/", "--")
+    if own is None:
+        looked.append("  gpt2asm's cache: off ($GPT2ASM_CACHE)")
+        return None, looked
+    own = own / "models" / repo.replace("/", "--")
     cands = []
-    if rev and own is not None:
+    if rev:
         cands.append(own / rev)
     try:
-        if own is not None:
-            cands += sorted((p for p in own.iterdir() if p.is_dir()), key=_mtime, reverse=True)
+        cands += sorted((p for p in own.iterdir() if p.is_dir()), key=_mtime, reverse=True)
     except OSError:
         pass
     snap = _first_verified(dict.fromkeys(cands), repo, pins, looked)
     if snap is not None:
         return snap, looked
-    looked.append(f"  gpt2asm's cache {own}: nothing complete" if own is not None else
-                  "  gpt2asm's cache: off ($GPT2ASM_CACHE)")
+    looked.append(f"  gpt2asm's cache {own}: nothing complete")
     return None, looked
 
 
