@@ -56,36 +56,46 @@ def find_model_dir(model: str | os.PathLike | None = None, *, download: bool = T
                                  + (f" ({e.filename!s:.200})" if e.filename else "")) from None
 
 
+def named_spec(model) -> tuple[str, str] | None:
+    """(spec, where it came from) of the model a --model / GPT2.load argument names, or $GPT2ASM_MODEL's
+    when it is None; None when neither names one (the current directory, then 'gpt2', come next).  A model
+    argument that is not a non-blank path or name is an InvalidArgumentError."""
+    if model is not None:
+        if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+            raise InvalidArgumentError(f"model must be a directory, a file or a hub name, got {shown(model)}")
+        return os.fspath(model), "--model"
+    if os.environ.get("GPT2ASM_MODEL", "").strip():
+        return os.environ["GPT2ASM_MODEL"], "$GPT2ASM_MODEL"
+    return None
+
+
 def model_label(model: str | os.PathLike | None = None) -> str:
     """A short name for the model find_model_dir(model) / GPT2.load(model) takes, without loading it: the
-    last part of --model (a directory, a .safetensors or .gguf file, a hub name), else of $GPT2ASM_MODEL,
-    else the current directory's name when it holds a model, else 'gpt2'."""
-    spec = os.fspath(model) if isinstance(model, (str, os.PathLike)) and str(model).strip() else None
-    if spec is None and os.environ.get("GPT2ASM_MODEL", "").strip():
-        spec = os.environ["GPT2ASM_MODEL"]
-    if spec is None:
+    last part of what named_spec names (a directory, a .safetensors or .gguf file, a hub name), else the
+    current directory's name when it holds a model, else 'gpt2'."""
+    try:
+        named = named_spec(model)
+    except InvalidArgumentError:                          # the load will say so
+        return DEFAULT_NAME
+    if named is None:
         try:
             cwd = Path.cwd()
             return cwd.name if cwd.name and not missing(cwd) else DEFAULT_NAME
         except OSError:
             return DEFAULT_NAME
-    return os.path.basename(os.path.normpath(spec.strip())) or DEFAULT_NAME
+    return os.path.basename(os.path.normpath(named[0].strip())) or DEFAULT_NAME
 
 
 def _find_model_dir(model, download: bool, progress: bool) -> Path:
-    if model is not None:
-        if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
-            raise InvalidArgumentError(f"model must be a directory, a file or a hub name, got {shown(model)}")
-        spec, src = os.fspath(model), "--model"
-    elif os.environ.get("GPT2ASM_MODEL", "").strip():
-        spec, src = os.environ["GPT2ASM_MODEL"], "$GPT2ASM_MODEL"
-    else:
+    named = named_spec(model)
+    if named is None:
         cwd = Path.cwd()
         if not missing(cwd):
             return cwd
         looked = [f"  the current directory {cwd} (no --model, no $GPT2ASM_MODEL): "
                   f"missing {', '.join(missing(cwd))}"]
         return hub.resolve(DEFAULT_NAME, download_ok=download, progress=progress, searched=looked)
+    spec, src = named
     if hub.is_hub_name(spec) and not expand_user(spec, src).exists():
         return hub.resolve(spec, download_ok=download, progress=progress)
     return _local(spec, src)
