@@ -560,8 +560,7 @@ def _warm(root: Path, p: Path, run: str, own_only: bool):
     except OSError as e:
         return None, (f"cannot read the file for its key: {e}", None, t_key, cpath)
     try:
-        verify = os.environ.get("GPT2ASM_CACHE_VERIFY", "").strip().lower() not in ("", *tc.OFF)
-        arrays = tc._open_cache(cpath, key, {}, layout.extra_dtypes, verify)
+        arrays = tc._open_cache(cpath, key, {}, layout.extra_dtypes, tc.verify_requested())
         w, tok, own = _assemble(arrays, p, run)
         if own_only and own != run:
             raise tc.CacheMiss(f"cached as dtype {run}, the file's own is {own}")

@@ -71,7 +71,7 @@ import numpy as np
 
 from . import weights as W
 from .errors import CheckpointError, GPT2AsmError, shown
-from .hub import CACHE_OFF as OFF, own_cache_dir
+from .hub import CACHE_OFF, own_cache_dir
 from .safefs import MAX_JSON, read_bytes
 from .tilelayout import (LAYOUTS, Layout, q0_assemble, q0_expected, register_layout,  # noqa: F401
                          tiled_assemble, tiled_expected, tiled_stored)
@@ -104,6 +104,11 @@ class CacheInfo:
 
 # --------------------------------------------------------------------------------------------------
 # where, and the key
+
+def verify_requested() -> bool:
+    """$GPT2ASM_CACHE_VERIFY set (and not off): a warm open also checks every array's CRC-32."""
+    return os.environ.get("GPT2ASM_CACHE_VERIFY", "").strip().lower() not in ("", *CACHE_OFF)
+
 
 def cache_root(cache_dir=None) -> Path | None:
     """The cache directory: cache_dir, else gpt2asm's own cache (hub.own_cache_dir: $GPT2ASM_CACHE,
@@ -501,8 +506,7 @@ def load_weights_info(path, dtype: str = "f32", cache_dir=None) -> tuple[W.Weigh
     try:
         ld = W._Loader(W.SafetensorsFile(file), config_path)
         expected = layout.expected(ld, dtype)
-        verify = os.environ.get("GPT2ASM_CACHE_VERIFY", "").strip().lower() not in ("", *OFF)
-        arrays = _open_cache(cpath, key, expected, layout.extra_dtypes, verify)
+        arrays = _open_cache(cpath, key, expected, layout.extra_dtypes, verify_requested())
         w = layout.assemble(ld, dtype, arrays)
         _touch(cpath)
         w.cache_key = (root, key)                         # the key describes these weights (weights_digest)
