@@ -98,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
                     help="directory with model.safetensors, vocab.json, merges.txt (+ config.json), a GPT-2 "
                          "GGUF file (llama.cpp's; F32/F16/BF16/Q8_0/Q4_0, Q6_K head; tokenizer from its "
                          "metadata), or a hub name: gpt2, distilgpt2, gpt2-medium, gpt2-large, gpt2-xl (from "
-                         "the Hugging Face cache, else downloaded). Default: $GPT2ASM_MODEL, else the current directory, else gpt2")
+                         "the Hugging Face cache, else downloaded). Default: $GPT2ASM_MODEL, else the current "
+                         "directory, else gpt2")
     ap.add_argument("--offline", action="store_true",
                     help="never download (as HF_HUB_OFFLINE=1): use local and cached files only")
     ap.add_argument("--top-k", type=int, default=0, metavar="K",
