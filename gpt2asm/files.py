@@ -64,9 +64,8 @@ def named_spec(model) -> tuple[str, str] | None:
         if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
             raise InvalidArgumentError(f"model must be a directory, a file or a hub name, got {shown(model)}")
         return os.fspath(model), "--model"
-    if os.environ.get("GPT2ASM_MODEL", "").strip():
-        return os.environ["GPT2ASM_MODEL"], "$GPT2ASM_MODEL"
-    return None
+    env = os.environ.get("GPT2ASM_MODEL", "").strip()
+    return (env, "$GPT2ASM_MODEL") if env else None
 
 
 def model_label(model: str | os.PathLike | None = None) -> str:

@@ -395,12 +395,16 @@ def load_gguf_weights(path, dtype: str | None = None) -> Weights:
 
 
 def resolve(spec) -> Path | None:
-    """The GGUF file a --model / GPT2.load argument (or $GPT2ASM_MODEL when it is None) names, else None."""
-    if spec is None:
-        spec = os.environ.get("GPT2ASM_MODEL", "").strip() or None
-    if spec is None or not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
+    """The GGUF file a --model / GPT2.load argument (or $GPT2ASM_MODEL when it is None) names, else None
+    (files.named_spec's rule; a spec it refuses is find_model_dir's error to give)."""
+    from .files import named_spec
+    try:
+        named = named_spec(spec)
+    except InvalidArgumentError:
         return None
-    return expand_user(spec, "model") if is_gguf(spec) else None
+    if named is None or not is_gguf(named[0]):
+        return None
+    return expand_user(named[0], named[1])
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -199,6 +199,20 @@ def test_gpt2_load_gguf_runs_the_same(ckpt_tiny, tmp_path):
         assert list(b.generate_ids(ids, 5, temperature=0)) == list(a.generate_ids(ids, 5, temperature=0))
 
 
+def test_gguf_from_env(ckpt_tiny, tmp_path, monkeypatch):
+    """$GPT2ASM_MODEL names a GGUF as --model does (files.named_spec: blank-padded values stripped)."""
+    from gpt2asm import GPT2
+    from gpt2asm.ggufload import resolve
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "F32")
+    monkeypatch.setenv("GPT2ASM_MODEL", f"  {g}\n")
+    assert resolve(None) == g
+    assert resolve(123) is None                          # the load's InvalidArgumentError, not resolve's
+    with GPT2.load() as m:
+        assert m.model_dir == g
+    monkeypatch.setenv("GPT2ASM_MODEL", " ")
+    assert resolve(None) is None
+
+
 def test_cli_gguf(ckpt_tiny, tmp_path, capsys):
     from gpt2asm.__main__ import main
     g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "F32")
