@@ -26,17 +26,19 @@ def shown(v, limit: int = SHOWN_LIMIT) -> str:
     return r[:limit] + "..." + (f" ({len(v)} {unit})" if unit else f" ({len(r)} characters)")
 
 
-def say(text: str) -> None:
-    """One diagnostic line (text + newline) on stderr for the command-line tools.  A closed or failing
-    stderr (`2>&-`, `2>/dev/full`) loses the line, never the output on stdout or the exit status."""
-    err = sys.stderr
+def say(text: str, end: str = "\n", out=None) -> bool:
+    """One diagnostic line (text + end) on out (default stderr) for the command-line tools; False if it
+    could not be written.  A closed or failing stream (`2>&-`, `2>/dev/full`) loses the line, never the
+    output on stdout or the exit status."""
+    err = sys.stderr if out is None else out
     if err is None:                          # started with descriptor 2 closed
-        return
+        return False
     try:
-        err.write(text + "\n")
+        err.write(text + end)
         err.flush()
     except (OSError, ValueError):            # EBADF, ENOSPC, EIO; ValueError: a closed file object
-        pass
+        return False
+    return True
 
 
 class GPT2AsmError(Exception):

@@ -32,13 +32,8 @@ class Progress:
         self.t0 = time.perf_counter()
 
     def _show(self, text: str) -> None:
-        if self.out is None:
-            return
-        try:
-            self.out.write(text)
-            self.out.flush()
-        except (OSError, ValueError):                 # EBADF, ENOSPC; ValueError: a closed file object
-            self.out = None
+        if self.out is not None and not say(text, "", self.out):
+            self.out = None                             # a failed write ends the bar
 
     def __call__(self, n: int) -> None:
         self.done += n
