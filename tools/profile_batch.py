@@ -1,7 +1,8 @@
 """Where the time of one batched decode step goes: every job of the batched decode plan (Transformer.step_rows'
 plan: B >= 2 rows, each at position --pos of its own random prompt) timed alone, the best of --reps passes
 over the whole plan, summed per kind (and matrix shape) over the layers; the matmuls also as GMAC/s (B rows x
-n_in x n_out) and, with --ghz, as cycles per 64 MACs (one vpdpbusd zmm, about one a cycle on Zen 4).
+n_in x n_out) and, with --ghz, as cycles per 64 MACs (one vpdpbusd zmm, about one a cycle on Zen 4); BATTN as
+the rate it reads the rows' caches at (B rows x heads x pos + 1 positions x 64 x k and v, in GB/s).
 
     taskset -c 1 python3 tools/profile_batch.py --model DIR --dtype q4_0 --isa avx512 --batch 16 [--ghz 3.5]
 """
@@ -68,22 +69,29 @@ def main() -> None:
     per = defaultdict(float)
     cnt = defaultdict(int)
     macs = defaultdict(int)
+    kv_bytes = defaultdict(int)
+    per_battn = a.batch * m.config.n_head * (a.pos + 1) * 64 * 2 * states[0].k.dtype.itemsize
     for j, (kind, flags, f) in enumerate(p.jobs):
         name = job_name(kind, f)
         per[name] += best[j]
         cnt[name] += 1
         if KINDS.get(kind) == "MATMUL":
             macs[name] += a.batch * f["n_in"] * 64 * f["n"]
+        elif KINDS.get(kind) == "BATTN":
+            kv_bytes[name] += per_battn
     tot = sum(best)
     print(f"{a.dtype} {m.model.k.family} B={a.batch} pos={a.pos}: whole step {whole * 1e3:.2f} ms "
           f"({a.batch / whole:.0f} tok/s), sum of jobs {tot * 1e3:.2f} ms")
-    print(f"{'job':28} {'n':>3} {'ms':>8} {'%':>6} {'GMAC/s':>8}" + ("  cyc/64MAC" if a.ghz else ""))
+    print(f"{'job':28} {'n':>3} {'ms':>8} {'%':>6} {'GMAC/s':>8}" + ("  cyc/64MAC" if a.ghz else "")
+          + "  (BATTN: GB/s of cache read)")
     for name in sorted(per, key=lambda k: -per[k]):
         line = f"{name:28} {cnt[name]:3} {per[name] * 1e3:8.3f} {100 * per[name] / tot:6.1f}"
         if macs[name]:
             line += f" {macs[name] / per[name] / 1e9:8.1f}"
             if a.ghz:
                 line += f"  {per[name] * a.ghz * 1e9 / (macs[name] / 64):.2f}"
+        elif kv_bytes[name]:
+            line += f" {kv_bytes[name] / per[name] / 1e9:8.1f} GB/s"
         print(line)
     m.close()
 
