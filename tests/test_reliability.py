@@ -256,6 +256,8 @@ def test_two_threads_batching_on_one_model_keep_their_rows(ckpt_tiny, monkeypatc
         M = m.model
         if not M.k.has_batch:
             pytest.skip(f"{M.k.family}: no batched decode executor")
+        if M.resident is not None:          # adopting the resident copy (once) rebuilds the plans: before
+            M.resident.wait(60)             # the plan below is built, not between its steps
 
         def states(*prompts):
             out = [M.new_state() for _ in prompts]
