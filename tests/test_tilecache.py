@@ -302,21 +302,29 @@ def check_rebuilt(ckpt, cdir, dtype, corrupt):
     assert_same(w, cold)
 
 
-def test_data_corruption_between_samples_caught_by_verify(ckpt, cdir, monkeypatch):
-    """The default check samples the data; $GPT2ASM_CACHE_VERIFY=1 checks every byte (CRC-32)."""
+def test_data_corruption_between_samples_caught_by_crc(ckpt, cdir, monkeypatch):
+    """A bit flipped where no sample looks: the CRC-32 of every array sees it (a rebuild, the same weights);
+    $GPT2ASM_CACHE_VERIFY=0 leaves the CRCs out, and only the samples are checked."""
     monkeypatch.setattr(tc, "N_CACHE_SAMPLES", 2)       # so that the middle of an array is not sampled
     load(ckpt, "f32", cdir)
     p = cache_path(cdir)
-    raw = p.read_bytes()
-    hlen = tc._PREFIX.unpack(raw[:tc._PREFIX.size])[3]
-    head = json.loads(raw[tc._PREFIX.size:tc._PREFIX.size + hlen])
-    a = next(a for a in head["arrays"] if a["name"] == "h.0.fc_w")
-    _flip(a["offset"] + a["nbytes"] // 2 + 1234)(p)
-    assert load(ckpt, "f32", cdir)[1].status == "warm"        # not sampled: not seen by default
-    monkeypatch.setenv("GPT2ASM_CACHE_VERIFY", "1")
+
+    def flip():
+        raw = p.read_bytes()
+        hlen = tc._PREFIX.unpack(raw[:tc._PREFIX.size])[3]
+        head = json.loads(raw[tc._PREFIX.size:tc._PREFIX.size + hlen])
+        a = next(a for a in head["arrays"] if a["name"] == "h.0.fc_w")
+        _flip(a["offset"] + a["nbytes"] // 2 + 1234)(p)
+    flip()
     w, info = load(ckpt, "f32", cdir)
     assert info.status == "built" and "CRC-32" in info.reason, info
     assert_same(w, load_weights(ckpt, "f32"))
+    assert load(ckpt, "f32", cdir)[1].status == "warm"
+    flip()
+    monkeypatch.setenv("GPT2ASM_CACHE_VERIFY", "0")
+    assert load(ckpt, "f32", cdir)[1].status == "warm"        # not sampled: not seen without the CRCs
+    monkeypatch.delenv("GPT2ASM_CACHE_VERIFY")
+    assert load(ckpt, "f32", cdir)[1].status == "built"
 
 
 # ---------------------------------------------------------------------------------------------------
