@@ -106,6 +106,41 @@ def _vector_names(i: int) -> dict:
             "fc_b": (p + "ffn_up.bias", 4), "proj_b": (p + "ffn_down.bias", 1)}
 
 
+MAX_ARRAY = 1 << 20          # elements of one metadata array (GPT-2's vocabulary: 50257 tokens, 50000 merges)
+_READER = None
+
+
+def _reader_class():
+    """gguf.GGUFReader that reads nothing past the end of the file: its _get returns a short slice there, so
+    an array whose count is damaged (up to 2^64 - 1) would loop on empty elements until memory ran out.
+    Every read is bounds-checked, and an array longer than MAX_ARRAY or than the bytes left is refused
+    before its elements are read (ValueError: the caller's damaged-GGUF error)."""
+    global _READER
+    if _READER is None:
+        from gguf import GGUFReader, GGUFValueType
+
+        class CheckedReader(GGUFReader):
+            def _get(self, offset, dtype, count=1, override_order=None):
+                offset, count = int(offset), int(count)
+                if offset < 0 or count < 0 or offset + np.dtype(dtype).itemsize * count > len(self.data):
+                    raise ValueError(f"a read of {count} x {np.dtype(dtype).name} at byte {offset} runs past "
+                                     f"the end of the file ({len(self.data)} bytes)")
+                return super()._get(offset, dtype, count, override_order)
+
+            def _get_field_parts(self, orig_offs, raw_type):
+                if raw_type == GGUFValueType.ARRAY:
+                    itype = int(self._get(orig_offs, np.uint32)[0])
+                    n = int(self._get(orig_offs + 4, np.uint64)[0])
+                    scalar = self.gguf_scalar_to_np.get(GGUFValueType(itype)) if itype in set(GGUFValueType) else None
+                    least = np.dtype(scalar).itemsize if scalar is not None else 12 if itype == GGUFValueType.ARRAY else 8
+                    if n > MAX_ARRAY or n * least > len(self.data) - orig_offs - 12:
+                        raise ValueError(f"a metadata array of {n} elements (at most {MAX_ARRAY}, and no more "
+                                         f"than the file holds)")
+                return super()._get_field_parts(orig_offs, raw_type)
+        _READER = CheckedReader
+    return _READER
+
+
 class GGUFModel:
     """A validated GPT-2 GGUF: .config (GPT2Config), .types {name: GGUF type name}, tensor access."""
 
@@ -118,12 +153,12 @@ class GGUFModel:
             if f.read(4) != MAGIC:
                 raise CheckpointError(f"{p}: not a GGUF file (no GGUF magic)")
         try:
-            from gguf import GGUFReader
+            reader = _reader_class()
         except ImportError as e:                           # a dependency: pip install gguf
             raise CheckpointError(f"{p}: reading GGUF needs the `gguf` package (pip install gguf): {e}") from None
         try:
             with np.errstate(all="ignore"):
-                self.reader = GGUFReader(p, "r")
+                self.reader = reader(p, "r")
         except GPT2AsmError:
             raise
         except Exception as e:                             # any damage: ValueError, KeyError, IndexError...
@@ -131,10 +166,27 @@ class GGUFModel:
                                   f"{shown(str(e), 200)})") from None
         if getattr(self.reader, "byte_order", "I") != "I":
             raise CheckpointError(f"{p}: a big-endian GGUF; only little-endian files are supported")
+        self._check_offsets()
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.types = {n: t.tensor_type.name for n, t in self.tensors.items()}
         self.config = self._config()
         self._check_tensors()
+
+    def _check_offsets(self) -> None:
+        """ggml's rule for the data section: in the order of the tensor infos, each tensor starts where the
+        previous one ends, rounded up to general.alignment (from the first byte of the data section), and
+        ends within the file.  So no tensor overlaps another or reads the header, and every one is aligned."""
+        r, at = self.reader, 0
+        align, start, size = int(r.alignment), int(r.data_offset), len(r.data)
+        for t in r.tensors:
+            off = int(t.data_offset) - start
+            if off != at:
+                raise CheckpointError(f"{self.path}: tensor {shown(t.name, 60)} starts at byte {off} of the data "
+                                      f"section, expected {at} (damaged: overlapping, unaligned or out of order)")
+            if start + off + int(t.n_bytes) > size:
+                raise CheckpointError(f"{self.path}: tensor {shown(t.name, 60)} ends past the end of the file "
+                                      f"(truncated?)")
+            at = off + -(-int(t.n_bytes) // align) * align
 
     # -- metadata ----------------------------------------------------------------------------------
 
@@ -365,6 +417,9 @@ class GGUFModel:
             raise TokenizerError(f"{where}: tokenizer.ggml.tokens must be a non-empty list of strings")
         if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
             raise TokenizerError(f"{where}: tokenizer.ggml.merges must be a list of strings")
+        bad = next((i for i, m in enumerate(merges) if "\n" in m or "\r" in m), None)
+        if bad is not None:                                # merges.txt has one merge a line: never two
+            raise TokenizerError(f"{where}: merge {bad} {shown(merges[bad], 60)} holds a line break")
         vocab = dict(zip(tokens, range(len(tokens))))
         if len(vocab) != len(tokens) or not T._vocab_ok(vocab):
             import json
@@ -381,10 +436,10 @@ class GGUFModel:
                                  f"{len(types) if isinstance(types, list) else shown(types)} entries for "
                                  f"{len(tokens)} tokens")
         bos = self.field("tokenizer.ggml.bos_token_id")
-        if bos is not None and (not isinstance(bos, int) or not 0 <= bos < len(tokens)):
+        if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int) or not 0 <= bos < len(tokens)):
             raise TokenizerError(f"{where}: bos_token_id {shown(bos)} is not a token id")
         eos = self.field("tokenizer.ggml.eos_token_id")
-        if eos is not None and eos != vocab[T.EOT]:
+        if eos is not None and (isinstance(eos, bool) or eos != vocab[T.EOT]):
             raise TokenizerError(f"{where}: eos_token_id is {shown(eos)}, but {T.EOT} has id {vocab[T.EOT]}")
         return T.Tokenizer._from_parsed(vocab, lines, tokens)
 

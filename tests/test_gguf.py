@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -357,6 +358,64 @@ def test_bad_tokenizer_metadata(ckpt_tiny, tmp_path):
     (d / "vocab.json").write_text(json.dumps(vocab))
     with pytest.raises(TokenizerError):
         GPT2.load(write_gguf(d, tmp_path / "m2.gguf", "F32"))
+
+
+def test_damaged_array_count(ckpt_tiny, tmp_path):
+    """An array count past the file (up to 2^64 - 1) is a prompt CheckpointError: gguf's reader alone would
+    append empty elements until memory ran out."""
+    import struct
+    import time
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "F32")
+    f = gguf.GGUFReader(g).fields["tokenizer.ggml.tokens"]
+    klen = struct.unpack_from("<Q", g.read_bytes(), f.offset)[0]
+    count_at = f.offset + 8 + klen + 4 + 4                      # key, value type, element type, count
+    bad = tmp_path / "bad.gguf"
+    for n in (2**20 + 1, 2**31, 2**62, 2**64 - 1):
+        b = bytearray(g.read_bytes())
+        struct.pack_into("<Q", b, count_at, n)
+        bad.write_bytes(bytes(b))
+        t0 = time.perf_counter()
+        with pytest.raises(CheckpointError, match="damaged"):
+            GGUFModel(bad)
+        assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.parametrize("move", ["zero", "plus1", "wrap", "next"])
+def test_tensor_offsets_follow_ggml(ckpt, tmp_path, move):
+    """Each tensor where ggml puts it (after the one before, aligned): an offset that overlaps, is unaligned
+    or wraps around is refused, never read as weights."""
+    import struct
+    g = _write(ckpt, tmp_path / "m.gguf", ftype="F32")
+    r = gguf.GGUFReader(g)
+    i = next(k for k, t in enumerate(r.tensors) if t.name == "output_norm.bias")
+    t, nxt = r.tensors[i], r.tensors[(i + 1) % len(r.tensors)]
+    name_len, _, n_dims, *_ = t.field.parts
+    at = t.field.offset + 8 + int(name_len[0]) + 4 + 8 * int(n_dims[0]) + 4       # its offset field
+    old = struct.unpack_from("<Q", g.read_bytes(), at)[0]
+    new = {"zero": 0, "plus1": old + 1, "wrap": 2**64 - 32, "next": nxt.data_offset - r.data_offset}[move]
+    b = bytearray(g.read_bytes())
+    struct.pack_into("<Q", b, at, new)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(b))
+    with pytest.raises(CheckpointError):
+        load_gguf_weights(bad)
+
+
+@pytest.mark.parametrize("what", ["merge line break", "bool bos", "bool eos"])
+def test_tokenizer_metadata_types(ckpt_tiny, tmp_path, what):
+    tokens = [t for t, _ in sorted(json.loads((ckpt_tiny / "vocab.json").read_text()).items(), key=lambda kv: kv[1])]
+    merges = [ln for ln in (ckpt_tiny / "merges.txt").read_text().split("\n") if ln and not ln.startswith("#")]
+
+    def hook(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(tokens)
+        w.add_token_merges(merges[:10] + [merges[10] + "\n" + merges[11]] + merges[12:]
+                           if what == "merge line break" else merges)
+        if what != "merge line break":
+            w.add_bool(f"tokenizer.ggml.{what[5:]}_token_id", True)
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "F32", tokenizer=False, hook=hook)
+    with pytest.raises(TokenizerError, match="line break|token id|eos_token_id"):
+        GGUFModel(g).tokenizer()
 
 
 # ---------------------------------------------------------------------------------------------------
