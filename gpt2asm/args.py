@@ -33,8 +33,8 @@ _SUCCESSORS = {"q8_0": "llama.cpp's Q8_0 blocks, integer dot products, exact"}
 
 
 def not_retired(dtype) -> None:
-    """InvalidArgumentError naming the successor if dtype (any case) is a retired weight dtype."""
-    new = RETIRED_DTYPES.get(dtype.lower()) if isinstance(dtype, str) else None
+    """InvalidArgumentError naming the successor if dtype (any case, blanks around) is a retired weight dtype."""
+    new = RETIRED_DTYPES.get(dtype.strip().lower()) if isinstance(dtype, str) else None
     if new is not None:
         raise InvalidArgumentError(f"dtype {shown(dtype)} was retired: use {new!r} ({_SUCCESSORS[new]})")
 

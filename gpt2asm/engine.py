@@ -150,9 +150,9 @@ class GPT2:
         product (same output); kv the KV cache's dtype, 'f32' or 'f16' (None: f32 with f32 weights, f16
         with the others -- half the bytes attention reads; logits close to an f32 cache's, not the same)."""
         not_retired(dtype)
-        if dtype is not None and (not isinstance(dtype, str) or dtype.lower() not in DTYPES):
+        if dtype is not None and (not isinstance(dtype, str) or dtype.strip().lower() not in DTYPES):
             raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {shown(dtype)}")
-        dtype = DTYPES[dtype.lower()] if dtype is not None else None
+        dtype = DTYPES[dtype.strip().lower()] if dtype is not None else None
         threads = integer("threads", threads, 1, 256)
         gguf_file = ggufload.resolve(path_or_name)
         kernels = Kernels(isa, threads)                 # probe first: fail fast on an unusable CPU

@@ -63,6 +63,7 @@ class Transformer:
         self.w, self.k, self.cfg = weights, kernels, weights.config
         if kv is None:
             kv = "f32" if weights.dtype == "f32" else "f16"
+        kv = kv.strip().lower() if isinstance(kv, str) else kv      # names as dtype's and isa's: any case
         if not isinstance(kv, str) or kv not in KV_DTYPES:
             raise InvalidArgumentError(f"kv cache dtype must be one of {', '.join(KV_DTYPES)}, got {shown(kv)}")
         self.kv = kv

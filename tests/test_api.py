@@ -63,9 +63,11 @@ def test_kv_cache_dtype(ckpt_tiny):
         with pytest.raises(InvalidArgumentError, match="another model"):
             sa.restore(sb.snapshot())
         assert b.session(sb.snapshot()).tokens == sb.tokens
-    for bad in ("f64", "F16", 16, True):
+    for bad in ("f64", "f 16", "", 16, True):
         with pytest.raises(InvalidArgumentError):
             GPT2.load(ckpt_tiny, kv=bad)
+    with GPT2.load(ckpt_tiny, dtype=" F16 ", kv=" F32", isa=f" {a.isa.upper()} ") as e:   # names: any case, blanks
+        assert (e.dtype, e.kv, e.isa) == ("f16", "f32", a.isa)
 
 
 def test_encode_decode_logits(m):
