@@ -118,6 +118,9 @@ def _reader_class():
     global _READER
     if _READER is None:
         from gguf import GGUFReader, GGUFValueType
+        if not all(callable(getattr(GGUFReader, m, None)) for m in ("_get", "_get_field_parts")):
+            raise ImportError("this gguf package's GGUFReader has no _get / _get_field_parts to bound-check "
+                              "(gguf 0.16-0.19 have them)")         # never an unchecked reader
 
         class CheckedReader(GGUFReader):
             def _get(self, offset, dtype, count=1, override_order=None):
