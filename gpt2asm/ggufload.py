@@ -46,6 +46,7 @@ non-finite values -- is a CheckpointError (TokenizerError for the tokenizer's me
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -107,41 +108,40 @@ def _vector_names(i: int) -> dict:
 
 
 MAX_ARRAY = 1 << 20          # elements of one metadata array (GPT-2's vocabulary: 50257 tokens, 50000 merges)
-_READER = None
 
 
+@functools.cache
 def _reader_class():
     """gguf.GGUFReader that reads nothing past the end of the file: its _get returns a short slice there, so
     an array whose count is damaged (up to 2^64 - 1) would loop on empty elements until memory ran out.
     Every read is bounds-checked, and an array longer than MAX_ARRAY or than the bytes left is refused
     before its elements are read (ValueError: the caller's damaged-GGUF error)."""
-    global _READER
-    if _READER is None:
-        from gguf import GGUFReader, GGUFValueType
-        if not all(callable(getattr(GGUFReader, m, None)) for m in ("_get", "_get_field_parts")):
-            raise ImportError("this gguf package's GGUFReader has no _get / _get_field_parts to bound-check "
-                              "(gguf 0.16-0.19 have them)")         # never an unchecked reader
+    from gguf import GGUFReader, GGUFValueType
+    if not all(callable(getattr(GGUFReader, m, None)) for m in ("_get", "_get_field_parts")):
+        raise ImportError("this gguf package's GGUFReader has no _get / _get_field_parts to bound-check "
+                          "(gguf 0.16-0.19 have them)")         # never an unchecked reader
 
-        class CheckedReader(GGUFReader):
-            def _get(self, offset, dtype, count=1, override_order=None):
-                offset, count = int(offset), int(count)
-                if offset < 0 or count < 0 or offset + np.dtype(dtype).itemsize * count > len(self.data):
-                    raise ValueError(f"a read of {count} x {np.dtype(dtype).name} at byte {offset} runs past "
-                                     f"the end of the file ({len(self.data)} bytes)")
-                return super()._get(offset, dtype, count, override_order)
+    get, parts, ARRAY = GGUFReader._get, GGUFReader._get_field_parts, int(GGUFValueType.ARRAY)
 
-            def _get_field_parts(self, orig_offs, raw_type):
-                if raw_type == GGUFValueType.ARRAY:
-                    itype = int(self._get(orig_offs, np.uint32)[0])
-                    n = int(self._get(orig_offs + 4, np.uint64)[0])
-                    scalar = self.gguf_scalar_to_np.get(GGUFValueType(itype)) if itype in set(GGUFValueType) else None
-                    least = np.dtype(scalar).itemsize if scalar is not None else 12 if itype == GGUFValueType.ARRAY else 8
-                    if n > MAX_ARRAY or n * least > len(self.data) - orig_offs - 12:
-                        raise ValueError(f"a metadata array of {n} elements (at most {MAX_ARRAY}, and no more "
-                                         f"than the file holds)")
-                return super()._get_field_parts(orig_offs, raw_type)
-        _READER = CheckedReader
-    return _READER
+    class CheckedReader(GGUFReader):                # called per element of every array: kept lean
+        def _get(self, offset, dtype, count=1, override_order=None):
+            arr = get(self, offset, dtype, count, override_order)     # past the end: fewer items
+            if offset < 0 or len(arr) != count:
+                raise ValueError(f"a read of {int(count)} x {np.dtype(dtype).name} at byte {int(offset)} "
+                                 f"runs past the end of the file ({len(self.data)} bytes)")
+            return arr
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if raw_type == ARRAY:
+                itype = int(self._get(orig_offs, np.uint32)[0])
+                n = int(self._get(orig_offs + 4, np.uint64)[0])
+                scalar = self.gguf_scalar_to_np.get(GGUFValueType(itype)) if itype in set(GGUFValueType) else None
+                least = np.dtype(scalar).itemsize if scalar is not None else 12 if itype == ARRAY else 8
+                if n > MAX_ARRAY or n * least > len(self.data) - orig_offs - 12:
+                    raise ValueError(f"a metadata array of {n} elements (at most {MAX_ARRAY}, and no more "
+                                     f"than the file holds)")
+            return parts(self, orig_offs, raw_type)
+    return CheckedReader
 
 
 class GGUFModel:
