@@ -159,12 +159,7 @@ class Kernels(CheckedOps):
         self.q0_fns = None if self.q0_names is None else {
             k: self._address(name) for k, name in self.q0_names.items()}
         self.has_q8_0 = self.has_q4_0 = self.q0_fns is not None
-        self.ctx = aligned_bytes(POOL_BYTES)                  # pool_t
-        ctx32, ctx64 = self.ctx.view(np.uint32), self.ctx.view(np.uint64)
-        ctx32[CTX_NTHREADS // 4] = threads if self.has_plan else 1
-        ctx64[CTX_SPIN // 8], ctx64[CTX_YIELD // 8] = _spin_ticks(threads)
-        self._ctx32, self._ctx64 = ctx32, ctx64
-        self._ctx_addr = addr(self.ctx)
+        self._new_ctx(threads if self.has_plan else 1)
         if threads > 1:
             if self.has_plan:
                 self._start_workers()
@@ -240,6 +235,29 @@ class Kernels(CheckedOps):
             t = threading.Thread(target=worker, args=(ctx, tid), daemon=True, name=f"gpt2asm-worker-{tid}")
             t.start()
             self._workers.append(t)
+
+    def _new_ctx(self, participants: int) -> None:
+        """A zeroed pool_t for `participants` threads (the caller included), its spin times set."""
+        self.ctx = aligned_bytes(POOL_BYTES)
+        ctx32, ctx64 = self.ctx.view(np.uint32), self.ctx.view(np.uint64)
+        ctx32[CTX_NTHREADS // 4] = participants
+        ctx64[CTX_SPIN // 8], ctx64[CTX_YIELD // 8] = _spin_ticks(self.threads)
+        self._ctx32, self._ctx64 = ctx32, ctx64
+        self._ctx_addr = addr(self.ctx)
+
+    def _after_fork(self) -> None:
+        """In a fork()ed child: only the forking thread was copied, so the -j workers (and the Python
+        pool's threads) are gone and the pool context and lock hold their last state in the parent.  A
+        fresh context, a fresh lock, and the workers started again: the child runs plans as the parent
+        did (a child that never uses this object leaves them parked)."""
+        self._lock = threading.Lock()
+        had_workers, had_pool = bool(self._workers), self.pool is not None
+        self._workers, self.pool = [], None
+        self._new_ctx(self.threads if had_workers else 1)
+        if had_workers:
+            self._start_workers()
+        if had_pool:
+            self.pool = Pool(self.threads)
 
     def pool_stats(self) -> dict:
         """Workers alive, parked right now, and futex waits so far (for tests and benchmarks)."""
@@ -338,6 +356,14 @@ class Kernels(CheckedOps):
 
 
 _LIVE: "weakref.WeakSet[Kernels]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for k in list(_LIVE):
+        k._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

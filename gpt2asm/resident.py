@@ -30,6 +30,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -99,6 +100,17 @@ def _pack(arrays: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+_COPYING: "weakref.WeakSet[Resident]" = weakref.WeakSet()     # started copies (done or not)
+
+
+def _after_fork_in_child() -> None:
+    for r in list(_COPYING):
+        r._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Resident:
     def __init__(self, weights, start: bool = True):
         self.w = weights
@@ -118,6 +130,17 @@ class Resident:
         self._thread = threading.Thread(target=self._run, daemon=True, name="gpt2asm-resident")
         if start:
             self._thread.start()
+            _COPYING.add(self)
+
+    def _after_fork(self) -> None:
+        """In a fork()ed child the copying thread is gone (only the forking thread is copied): copy again
+        there, with a fresh event, unless the copy was already done."""
+        if self._done.is_set():
+            return
+        self.copies, self.error = None, None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="gpt2asm-resident")
+        self._thread.start()
 
     def _skip_reason(self) -> str:
         arrays = [getattr(o, n) for o, n in self.todo]

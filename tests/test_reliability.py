@@ -287,6 +287,28 @@ def test_two_threads_batching_on_one_model_keep_their_rows(ckpt_tiny, monkeypatc
         assert all(np.array_equal(g, w) for g, w in zip(other["out"], want_theirs))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_forked_child_runs_the_model(ckpt_tiny, threads):
+    """fork() copies only the calling thread: the -j workers are gone in the child (a child of a -j 2 model
+    used to hang in its first step).  The child gets a fresh pool (kernels.py) and computes what the
+    parent does: the same greedy text, the same scores, alone and batched."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from forked import run_forked
+    with GPT2.load(ckpt_tiny, threads=threads) as m:
+        prompts = ["The cat sat on", "A B C"]
+
+        def results():
+            return ([m.generate(p, max_new_tokens=8, temperature=0) for p in prompts],
+                    m.generate(prompts, max_new_tokens=8, temperature=0),
+                    [a.tobytes() for a in m.logprobs(prompts)])
+        want = results()
+
+        def check():
+            return results() == want and m.model.k.pool_stats()["workers"] == threads - 1
+        run_forked(check, timeout=120)
+        assert results() == want                             # and the parent's pool is untouched
+
+
 # -- 6. the one-line error, never a traceback ---------------------------------------------------------------
 
 def test_cache_max_gb_inf(ckpt_tiny, tmp_path, monkeypatch):

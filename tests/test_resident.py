@@ -114,3 +114,29 @@ def test_copy_failure_keeps_running_from_the_mapping(ckpt_tiny, tmp_path, monkey
         assert all(is_mapped(a) for a in mats(w))
     finally:
         k.close()
+
+
+def test_a_copy_in_flight_at_fork_is_made_again_in_the_child(ckpt_tiny, tmp_path, monkeypatch):
+    """fork() does not copy the copying thread: the child starts its own copy (resident.py), so its wait()
+    returns and poll() adopts the same bytes, instead of waiting forever for a thread it does not have."""
+    import sys
+    from pathlib import Path
+    import threading
+    import gpt2asm.resident as res
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from forked import run_forked
+    monkeypatch.delenv("GPT2ASM_RESIDENT", raising=False)
+    w = warm(ckpt_tiny, tmp_path, "f32")
+    before = [a.copy() for a in slots(w)]
+    gate, pack = threading.Event(), res._pack
+    monkeypatch.setattr(res, "_pack", lambda arrays: (gate.wait(), pack(arrays))[1])
+    r = Resident(w)
+    assert r.reason == "" and not r.done                    # the parent's copy waits at the gate
+
+    def check():
+        gate.set()
+        return (r.wait(60) and r.poll() and all(np.array_equal(a, b) for a, b in zip(slots(w), before))
+                and not any(is_mapped(a) for a in mats(w)))
+    run_forked(check, timeout=120)
+    gate.set()
+    assert r.wait(60) and r.poll() and all(np.array_equal(a, b) for a, b in zip(slots(w), before))
