@@ -19,8 +19,8 @@ of GPT2.generate run alone).  Endpoints:
     GET  /metrics          Prometheus text: requests, tokens, batch occupancy, queue depth, TTFT and
                            inter-token latency histograms
 
-Errors are OpenAI's JSON ({"error": {"message", "type", "param", "code"}}): 400 bad argument or context
-overflow, 401 bad API key (compared with hmac.compare_digest), 404 unknown model or route, 429 queue full,
+Errors are OpenAI's JSON ({"error": {"message", "type", "param", "code"}}): 400 bad argument, context
+overflow or a request uvicorn's HTTP parser refuses (http_protocol), 401 bad API key (compared with hmac.compare_digest), 404 unknown model or route, 429 queue full,
 503 loading or shutting down, 500 with no detail (never a traceback).  A client that disconnects frees its
 slots at the next step.  SIGTERM / SIGINT: new requests get 503, those in flight finish (until
 --drain-timeout, then they end with finish_reason "shutdown"), exit status 0.
@@ -71,6 +71,37 @@ class APIError(Exception):
 
 def error_body(status: int, message: str, type_: str, param=None, code=None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def http_protocol():
+    """uvicorn's h11 protocol class, except that a request it cannot parse (a bad chunked body, a
+    Content-Length of -5, a header past h11's limit) gets the OpenAI JSON error of every other 400 rather
+    than uvicorn's plain text; "h11" (uvicorn's own) where that class or its send_400_response is not
+    there to override."""
+    try:
+        import h11
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+    except ImportError:
+        return "h11"
+    if not callable(getattr(H11Protocol, "send_400_response", None)):
+        return "h11"
+
+    class JSONErrorH11Protocol(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps(error_body(400, f"malformed HTTP request: {msg}", "invalid_request_error")).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                       (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+    return JSONErrorH11Protocol
+
+
+def uvicorn_config(app, **kw):
+    """The uvicorn.Config gpt2asm serves with (main, and the tests' in-process servers)."""
+    import uvicorn
+    return uvicorn.Config(app, http=http_protocol(), **kw)
 
 
 def _json_safe(x):
@@ -739,7 +770,7 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
 
     state = App(loader, name, args.api_key, args.max_batch, args.max_queue, args.prefill_chunk, args.drain_timeout)
     app = create_app(state)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+    config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=args.drain_timeout + 5, access_log=False)
 
     class Server(uvicorn.Server):

@@ -33,7 +33,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from gpt2asm.server import App, create_app  # noqa: E402
+from gpt2asm.server import App, create_app, uvicorn_config  # noqa: E402
 
 
 class Running:
@@ -46,7 +46,7 @@ class Running:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = App(loader or (lambda: GPT2.load(ckpt)), "tiny", **kw)
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.state), log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(create_app(self.state), log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[self.sock]), daemon=True)
         self.thread.start()
         t0 = time.monotonic()
@@ -535,3 +535,33 @@ def test_serve_defaults_follow_the_model(ckpt_tiny, tmp_path, monkeypatch):
     monkeypatch.delenv("GPT2ASM_MODEL")
     monkeypatch.chdir(ckpt_tiny)
     assert model_label(None) == ckpt_tiny.name
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{}",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12345678901234567890123456\r\n\r\n{}",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n",
+    b"GET /health HTTP/9.9 extra\r\n\r\n",
+], ids=["bad-chunk", "negative-length", "26-digit-length", "200k-header", "bad-request-line"])
+def test_malformed_http_gets_a_json_400(srv, request_bytes):
+    """A request uvicorn's HTTP parser refuses gets OpenAI's JSON error too (server.http_protocol), not
+    uvicorn's plain text; the server goes on serving.  (A server that closes with request bytes still
+    unread makes the kernel reset the connection, which can drop the answer before the client reads it:
+    that is TCP's doing, so such an exchange is tried again.)"""
+    for attempt in range(5):
+        got = b""
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as c:
+            try:
+                c.sendall(request_bytes)
+                while chunk := c.recv(65536):
+                    got += chunk
+            except (BrokenPipeError, ConnectionResetError):
+                if b"\r\n\r\n" not in got:
+                    continue
+        break
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), got[:200]
+    assert b"content-type: application/json" in head.lower(), head
+    err((400, json.loads(body)), 400)
+    assert http(srv.url + "/health")[0] == 200
