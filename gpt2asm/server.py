@@ -23,7 +23,9 @@ Errors are OpenAI's JSON ({"error": {"message", "type", "param", "code"}}): 400 
 overflow or a request uvicorn's HTTP parser refuses (http_protocol), 401 bad API key (compared with hmac.compare_digest), 404 unknown model or route, 429 queue full,
 503 loading or shutting down, 500 with no detail (never a traceback).  A client that disconnects frees its
 slots at the next step.  SIGTERM / SIGINT: new requests get 503, those in flight finish (until
---drain-timeout, then they end with finish_reason "shutdown"), exit status 0.
+--drain-timeout, then they end with finish_reason "shutdown"), exit status 0.  Connections: the open-files
+soft limit is raised to the hard one, a connection that sends nothing closes after the keep-alive timeout,
+and out of descriptors the server pauses accepting with one log line (Listener, loop_exception_handler).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import argparse
 import asyncio
 import codecs
 import contextlib
+import errno
 import hmac
 import json
 import logging
@@ -87,6 +90,14 @@ def http_protocol():
         return "h11"
 
     class JSONErrorH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            # uvicorn arms its keep-alive timer only after a response: a connection that never sends a
+            # request would hold its file descriptor for ever.  Arm it now; the first bytes cancel it.
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                    self.timeout_keep_alive_handler)
+
         def send_400_response(self, msg: str) -> None:
             body = json.dumps(error_body(400, f"malformed HTTP request: {msg}", "invalid_request_error")).encode()
             headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
@@ -102,6 +113,98 @@ def uvicorn_config(app, **kw):
     """The uvicorn.Config gpt2asm serves with (main, and the tests' in-process servers)."""
     import uvicorn
     return uvicorn.Config(app, http=http_protocol(), **kw)
+
+
+OUT_OF_RESOURCE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class Listener(socket.socket):
+    """A listening socket whose accept() raises one out-of-resource error (no file descriptor left) per
+    accept round, then "would block".  asyncio's accept loop (CPython 3.11) keeps calling accept() after
+    EMFILE and schedules a retry for every failure: up to `backlog` (2048) timers and logged tracebacks
+    a second, a storm that grows while the descriptors stay taken.  One error stops the round; asyncio
+    pauses the socket and tries again a second later."""
+
+    _refused = False
+
+    def accept(self):
+        if self._refused:
+            self._refused = False
+            raise BlockingIOError(errno.EAGAIN, "paused: out of file descriptors")
+        try:
+            return super().accept()
+        except OSError as e:
+            if e.errno in OUT_OF_RESOURCE:
+                self._refused = True
+            raise
+
+
+def listener(sock: socket.socket) -> Listener:
+    """sock (bound, maybe listening) as a Listener; sock itself is detached."""
+    return sock if isinstance(sock, Listener) else Listener(fileno=sock.detach())
+
+
+def open_files_limit() -> int | None:
+    try:
+        import resource
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def raise_open_files_limit() -> None:
+    """The soft limit of open files up to the hard one (a server holds one per connection; many systems
+    start programs at 1024 below a far higher hard limit).  Left alone where it cannot be raised."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return
+    for want in (hard, 1 << 20, 10240):
+        if want == resource.RLIM_INFINITY or (soft != resource.RLIM_INFINITY and want <= soft):
+            continue
+        if hard != resource.RLIM_INFINITY and want > hard:
+            continue
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return
+        except (OSError, ValueError):
+            continue
+
+
+def loop_exception_handler(loop, ctx: dict) -> None:
+    """asyncio's handler, except that running out of file descriptors while accepting is one line every
+    10 s (not a traceback a second): what happened, the limit, and what to do."""
+    exc = ctx.get("exception")
+    if isinstance(exc, OSError) and exc.errno in OUT_OF_RESOURCE and "accept" in str(ctx.get("message", "")):
+        now = time.monotonic()
+        last = getattr(loop, "_gpt2asm_emfile_logged", None)
+        if last is None or now - last >= 10:
+            loop._gpt2asm_emfile_logged = now
+            log.warning("gpt2asm: cannot accept a connection: %s (open files limit %s); new connections wait "
+                        "until some close (idle ones close after the keep-alive timeout); raise `ulimit -n` "
+                        "for more", exc.strerror or exc, open_files_limit())
+        return
+    loop.default_exception_handler(ctx)
+
+
+def make_server(config, state: "App | None" = None):
+    """A uvicorn.Server for config that listens through Listener sockets, logs running out of file
+    descriptors as one line (loop_exception_handler), and on SIGTERM / SIGINT first tells state to stop
+    taking requests."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def serve(self, sockets=None):
+            asyncio.get_running_loop().set_exception_handler(loop_exception_handler)
+            await super().serve(sockets=None if sockets is None else [listener(s) for s in sockets])
+
+        def handle_exit(self, sig, frame):
+            if state is not None:
+                state.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _json_safe(x):
@@ -737,7 +840,7 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
     try:
         import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as e:
         say(f"gpt2asm serve: error: {e.name} is not installed: pip install 'gpt2asm[serve]' "
             "(starlette, uvicorn, prometheus_client)")
@@ -746,8 +849,10 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
         say(f"gpt2asm serve: error: --drain-timeout must be a finite number of seconds >= 0, got "
             f"{args.drain_timeout}")
         return 2
-    if args.api_key == "":
-        args.api_key = None
+    if args.api_key == "":                               # an empty key would be no key: say so, not serve open
+        say("gpt2asm serve: error: the API key (--api-key or $GPT2ASM_API_KEY) is empty: give a key, or unset "
+            "GPT2ASM_API_KEY to serve without one")
+        return 2
     if args.api_key is not None and not all("!" <= c <= "~" for c in args.api_key):
         say("gpt2asm serve: error: the API key (--api-key or $GPT2ASM_API_KEY) must be visible ASCII "
             "characters (what an Authorization header carries): no spaces, controls or other letters")
@@ -760,6 +865,7 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
                 f"{e.strerror or e}")
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
+    raise_open_files_limit()
     from .files import model_label
     name = args.name or model_label(args.model)
 
@@ -773,12 +879,7 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=args.drain_timeout + 5, access_log=False)
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            state.begin_shutdown()
-            super().handle_exit(sig, frame)
-
-    server = Server(config)
+    server = make_server(config, state)
 
     def failed():
         server.should_exit = True

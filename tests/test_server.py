@@ -33,20 +33,19 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from gpt2asm.server import App, create_app, uvicorn_config  # noqa: E402
+from gpt2asm.server import App, create_app, make_server, uvicorn_config  # noqa: E402
 
 
 class Running:
     """A server in a thread of this process: its App state, base URL, and stop()."""
 
     def __init__(self, ckpt, loader=None, **kw):
-        import uvicorn
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = App(loader or (lambda: GPT2.load(ckpt)), "tiny", **kw)
-        self.server = uvicorn.Server(uvicorn_config(create_app(self.state), log_level="warning", lifespan="on"))
+        self.server = make_server(uvicorn_config(create_app(self.state), log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[self.sock]), daemon=True)
         self.thread.start()
         t0 = time.monotonic()
@@ -489,6 +488,10 @@ def test_serve_command_errors(tmp_path):
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
             assert r.returncode == 2 and r.stderr.startswith("gpt2asm serve: error: cannot listen on"), r.stderr
             assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    if True:                                                           # empty: not silently no key
+        r = subprocess.run([sys.executable, "-m", "gpt2asm", "serve", "--port", "0"], cwd=ROOT,
+                           env=dict(env, GPT2ASM_API_KEY=""), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "API key" in r.stderr and "empty" in r.stderr, r.stderr
     for key in (b"k\xff", b"two words", "k\u00e4".encode()):                # not what a header carries
         r = subprocess.run([sys.executable.encode(), b"-m", b"gpt2asm", b"serve", b"--api-key", key, b"--port", b"0"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -565,3 +568,95 @@ def test_malformed_http_gets_a_json_400(srv, request_bytes):
     assert b"content-type: application/json" in head.lower(), head
     err((400, json.loads(body)), 400)
     assert http(srv.url + "/health")[0] == 200
+
+
+def test_an_idle_connection_is_closed(srv):
+    """A connection that never sends a request is closed after uvicorn's keep-alive timeout (5 s), as one
+    that went idle after a response is; uvicorn alone would hold its file descriptor for ever."""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as c:
+        t0 = time.monotonic()
+        assert c.recv(1) == b""
+        assert 3 < time.monotonic() - t0 < 20
+    assert http(srv.url + "/health")[0] == 200
+
+
+def test_out_of_file_descriptors(ckpt_tiny):
+    """A server at its open-files limit (soft = hard = 64, so serve cannot raise it) with more idle
+    connections than it can accept: one warning line, no storm of tracebacks (asyncio would log one per
+    pending connection and second), and it serves again once they close."""
+    resource = pytest.importorskip("resource")
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "gpt2asm", "serve", "--model", str(ckpt_tiny), "--port", str(port),
+                          "--log-level", "warning"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    conns = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        t0 = time.monotonic()
+        while True:
+            try:
+                if http(url + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert p.poll() is None and time.monotonic() - t0 < 120, "the server did not come up"
+            time.sleep(0.1)
+        for _ in range(120):
+            conns.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        time.sleep(3)
+        for c in conns:
+            c.close()
+        conns.clear()
+        t0 = time.monotonic()
+        while True:
+            try:
+                if http(url + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() - t0 < 30, "the server did not recover"
+            time.sleep(0.2)
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 0
+    finally:
+        for c in conns:
+            c.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = p.stdout.read()
+    assert "Traceback" not in out and "cannot accept a connection: Too many open files" in out, out[-3000:]
+    assert len(out.splitlines()) <= 5, out[-3000:]
+
+
+def test_listener_stops_an_accept_round_at_the_first_emfile():
+    """server.Listener: out of descriptors, accept() raises EMFILE once, then "would block" (so asyncio's
+    accept loop ends its round rather than scheduling a retry per pending connection), then tries again."""
+    code = """if 1:
+        import errno, os, resource, socket
+        from gpt2asm.server import listener
+        srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(8)
+        srv = listener(srv)
+        clients = [socket.create_connection(srv.getsockname()) for _ in range(3)]
+        used = len(os.listdir("/proc/self/fd")) - 1
+        resource.setrlimit(resource.RLIMIT_NOFILE, (used, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        got = []
+        for _ in range(4):
+            try:
+                srv.accept()
+                got.append("ok")
+            except BlockingIOError:
+                got.append("block")
+            except OSError as e:
+                got.append(errno.errorcode[e.errno])
+        print(" ".join(got))
+    """
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["EMFILE", "block", "EMFILE", "block"], r.stdout
