@@ -100,6 +100,8 @@ def run(gpt2, seq_specs: list[SeqSpec]) -> Iterator:
                 sched.step()
     finally:
         req.cancel()
+        buf.clear()
+        sched.release()
 
 
 def _id_lists(gpt2, prompts) -> list[list[int]]:

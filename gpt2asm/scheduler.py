@@ -480,6 +480,20 @@ class Scheduler:
                 pass
         end()
 
+    def release(self) -> None:
+        """Forget every sequence and KV cache, at once: for a driver that stops stepping mid-way (an error
+        raised to the caller).  A sequence and its prompt's other samples reference each other (leader,
+        twins), so without this their caches would live until the garbage collector ran, and a MemoryError
+        would make the next call fail too."""
+        with self._lock:
+            for seqs in (*self._waiting, self._running):
+                for s in seqs:
+                    s.state, s.leader, s.twins = None, None, []
+            self._waiting.clear()
+            self._running = []
+            self._free.clear()
+            self._requests.clear()
+
     def close(self, reason: str = "shutdown") -> None:
         """Cancel what is left (finish_reason `reason`), stop the driver thread."""
         self.drain()

@@ -226,3 +226,40 @@ def test_api_lists_and_samples(ckpt_tiny):
         with pytest.raises(ContextOverflowError):
             m.generate(["a"], max_new_tokens=m.n_ctx)
         assert m.generate("Hello", 5, temperature=0) == m.generate(["Hello"], 5, temperature=0)[0]
+
+
+def test_an_error_mid_batch_frees_every_kv_cache(ckpt_tiny, monkeypatch):
+    """A batched call that fails part-way (here: no memory for a sixth KV cache) drops every cache it had
+    at once, with the garbage collector off: the samples of one prompt reference each other, and those
+    caches used to stay until a collection, so under a memory limit every later call failed too."""
+    import gc
+    import weakref
+    m = GPT2.load(ckpt_tiny)
+    made = []
+    new_state = m.model.new_state
+
+    def limited():
+        if len(made) >= 5:
+            raise MemoryError("no memory for another KV cache")
+        st = new_state()
+        made.append(weakref.ref(st))
+        return st
+    monkeypatch.setattr(m.model, "new_state", limited)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(MemoryError):
+            m.generate(["Hello", "Hi there"], 8, n=4, seed=1)
+        assert len(made) == 5 and all(r() is None for r in made)
+        with pytest.raises(MemoryError):                       # a stream closed part-way: the same
+            for _ in m.stream(["Hello", "Hi there"], 8, n=4, seed=1):
+                pass
+    finally:
+        if was:
+            gc.enable()
+    assert all(r() is None for r in made)
+    made.clear()
+    monkeypatch.setattr(m.model, "new_state", new_state)
+    assert m.generate(["Hello", "Hi there"], 8, n=4, seed=1) == [m.generate(p, 8, seed=1 + 4 * i + k)
+                                                                  for i, p in enumerate(("Hello", "Hi there"))
+                                                                  for k in range(4)]
