@@ -86,5 +86,9 @@ class ContextOverflowError(GPT2AsmError):
         super().__init__(f"context overflow: {shown(needed)} tokens needed, the model holds {available}")
 
 
+class ResourceError(GPT2AsmError):
+    """The system refused what gpt2asm asked of it (a -j worker thread: a thread or address-space limit)."""
+
+
 class NonFiniteLogitsError(GPT2AsmError):
     """The forward pass produced NaN or infinite logits (bad weights?); nothing is sampled from them."""

@@ -25,11 +25,11 @@ from ctypes import c_size_t, c_void_p
 import numpy as np
 
 from .cpu import choose_family
-from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError, shown
+from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError, ResourceError, shown
 from .kernels_api import CheckedOps
 from .lib import ARCH, bind, load_library
 from .plan import CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SPIN, CTX_YIELD, POOL_BYTES, Plan
-from .pool import Pool, split
+from .pool import Pool, split, thread_refused
 from .validate import addr, aligned_bytes
 
 # a family that lacks an op takes it from this one (sme2 has only the f32 / f16 matrix-vector and the matmul kernels)
@@ -138,6 +138,7 @@ class Kernels(CheckedOps):
         self.pool = None                  # the Python pool (families without a plan executor)
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()     # one plan at a time per pool
+        self._restart = self._restart_pool = False   # workers / Python pool to start again (after fork)
         for op, (argtypes, restype) in KERNELS.items():
             name = self._symbol(op)
             fn = None
@@ -228,13 +229,36 @@ class Kernels(CheckedOps):
     # -- the library's pool ---------------------------------------------------------------------------
 
     def _start_workers(self) -> None:
+        """Threads 1..threads-1 of the pool context; if the system refuses one, those started are stopped
+        and joined, the context left single-threaded, and ResourceError raised."""
         worker = bind(self.lib, f"gpt2asm_worker_{self.family}", *WORKER)
         self._shutdown = bind(self.lib, "gpt2asm_pool_shutdown", *POOL_SHUTDOWN)
         ctx = addr(self.ctx)
         for tid in range(1, self.threads):
             t = threading.Thread(target=worker, args=(ctx, tid), daemon=True, name=f"gpt2asm-worker-{tid}")
-            t.start()
+            try:
+                t.start()
+            except RuntimeError as e:               # "can't start new thread": a thread or memory limit
+                if self._workers:
+                    self._shutdown(ctx)
+                    for w in self._workers:
+                        w.join()
+                    self._workers = []
+                self._new_ctx(1)
+                raise thread_refused(self.threads, e) from None
             self._workers.append(t)
+
+    def _ensure_workers(self) -> None:
+        """After a fork(), the child's workers are started by its first plan (not in the fork handler,
+        where a refused thread could only be ignored, and which every fork of the process pays for)."""
+        if self._restart:
+            self._restart = False
+            self._new_ctx(self.threads)
+            try:
+                self._start_workers()
+            except ResourceError:
+                self._restart = True
+                raise
 
     def _new_ctx(self, participants: int) -> None:
         """A zeroed pool_t for `participants` threads (the caller included), its spin times set."""
@@ -249,15 +273,12 @@ class Kernels(CheckedOps):
         """In a fork()ed child: only the forking thread was copied, so the -j workers (and the Python
         pool's threads) are gone and the pool context and lock hold their last state in the parent.  A
         fresh context, a fresh lock, and the workers started again: the child runs plans as the parent
-        did (a child that never uses this object leaves them parked)."""
+        did.  Both are started by the child's first plan or job (_ensure_workers, run), not here."""
         self._lock = threading.Lock()
-        had_workers, had_pool = bool(self._workers), self.pool is not None
+        self._restart = self._restart or bool(self._workers)
+        self._restart_pool = self._restart_pool or self.pool is not None
         self._workers, self.pool = [], None
-        self._new_ctx(self.threads if had_workers else 1)
-        if had_workers:
-            self._start_workers()
-        if had_pool:
-            self.pool = Pool(self.threads)
+        self._new_ctx(1)
 
     def pool_stats(self) -> dict:
         """Workers alive, parked right now, and futex waits so far (for tests and benchmarks)."""
@@ -269,6 +290,7 @@ class Kernels(CheckedOps):
     def close(self) -> None:
         """Stop and join the worker threads (idempotent; the object stays usable single-threaded)."""
         with self._lock:
+            self._restart = self._restart_pool = False
             if self._workers:
                 self._shutdown(addr(self.ctx))
                 for t in self._workers:
@@ -308,18 +330,23 @@ class Kernels(CheckedOps):
         """gpt2asm_plan_run_<isa> on every thread of the pool, one plan at a time: for Plan.run, which
         has checked the plan and the range."""
         with self._lock:
+            self._ensure_workers()
             self.plan_run(self._ctx_addr, plan_addr, job_begin, job_end)
 
     def execute_step(self, plan_addr: int, token: int, pos: int) -> int:
         """gpt2asm_plan_step_<isa>: for Plan.step, which has checked token and pos.  Returns the argmax
         slots' reduction (SIZE_MAX - 1: a non-finite output)."""
         with self._lock:
+            self._ensure_workers()
             return self.plan_step(self._ctx_addr, plan_addr, token, pos)
 
     # -- parallel dispatch over prevalidated addresses (per-call path) --------------------------------
 
     def run(self, fn, args: list[tuple]) -> None:
         """Run one job: args[i] for thread i (len(args) ≤ threads); serially without a Python pool."""
+        if self._restart_pool:
+            self.pool = Pool(self.threads)
+            self._restart_pool = False
         if len(args) == 1 or self.pool is None:
             for a in args:
                 fn(*a)

@@ -8,6 +8,13 @@ from __future__ import annotations
 import queue
 import threading
 
+from .errors import ResourceError
+
+
+def thread_refused(n: int, e: BaseException) -> ResourceError:
+    return ResourceError(f"cannot start the {n - 1} worker thread(s) of -j {n}: {e} (the system's limit "
+                         "on threads or address space); use a smaller -j")
+
 
 class Pool:
     """n-1 worker threads plus the caller.  run(fn, args) calls fn(*args[i]) on thread i and waits.
@@ -20,10 +27,16 @@ class Pool:
         self.n = n
         self._todo = [queue.SimpleQueue() for _ in range(n - 1)]
         self._done: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, args=(q,), daemon=True, name=f"gpt2asm-{i + 1}")
-                         for i, q in enumerate(self._todo)]
-        for t in self._threads:
-            t.start()
+        self._threads = []
+        for i, q in enumerate(self._todo):
+            t = threading.Thread(target=self._work, args=(q,), daemon=True, name=f"gpt2asm-{i + 1}")
+            try:
+                t.start()
+            except RuntimeError as e:               # "can't start new thread": a thread or memory limit
+                self._todo = self._todo[:i]
+                self.close()
+                raise thread_refused(n, e) from None
+            self._threads.append(t)
 
     def _work(self, q: queue.SimpleQueue) -> None:
         while (job := q.get()) is not None:

@@ -303,10 +303,78 @@ def test_a_forked_child_runs_the_model(ckpt_tiny, threads):
                     [a.tobytes() for a in m.logprobs(prompts)])
         want = results()
 
-        def check():
-            return results() == want and m.model.k.pool_stats()["workers"] == threads - 1
+        def check():                                         # workers start with the child's first plan
+            return (m.model.k.pool_stats()["workers"] == 0 and results() == want
+                    and m.model.k.pool_stats()["workers"] == threads - 1)
         run_forked(check, timeout=120)
         assert results() == want                             # and the parent's pool is untouched
+
+
+class _RefusedThread(threading.Thread):
+    """A thread the system refuses (as under a tight RLIMIT_AS or thread limit) when it is the -j pool's
+    worker `refuse` or later (kernels.py names them gpt2asm-worker-<tid>; pool.py gpt2asm-<i>)."""
+    refuse = 3
+
+    def start(self):
+        tid = self.name.rsplit("-", 1)[-1]
+        if self.name.startswith("gpt2asm-") and tid.isdigit() and int(tid) >= self.refuse:
+            raise RuntimeError("can't start new thread")
+        super().start()
+
+
+def test_a_refused_worker_thread_is_a_typed_error(ckpt_tiny, monkeypatch):
+    """-j N whose workers the system will not start: ResourceError naming -j, the workers that did start
+    stopped and joined (none left parked), and the same model loads once threads can be had."""
+    from gpt2asm import ResourceError
+    from gpt2asm.kernels import Kernels
+    monkeypatch.setattr(threading, "Thread", _RefusedThread)
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name.startswith("gpt2asm-")]
+    before = workers()
+    for make in (lambda: Kernels(threads=5), lambda: GPT2.load(ckpt_tiny, threads=5)):
+        with pytest.raises(ResourceError, match="-j 5"):
+            make()
+        assert workers() == before
+    monkeypatch.undo()
+    with GPT2.load(ckpt_tiny, threads=5) as m:
+        assert m.generate("Hi", max_new_tokens=4, temperature=0) == GPT2.load(ckpt_tiny).generate(
+            "Hi", max_new_tokens=4, temperature=0)
+
+
+def test_cli_threads_beyond_the_address_space(ckpt_tiny):
+    """-j 256 under a 1 GiB address-space limit (255 thread stacks do not fit): one line, status 2."""
+    resource = pytest.importorskip("resource")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    r = cli("--model", str(ckpt_tiny), "-n", "3", "-j", "2", "Hello", preexec_fn=limit)
+    if r.returncode != 0:
+        pytest.skip(f"-j 2 does not run in 1 GiB of address space here: {r.stderr[-300:]}")
+    one_line_error(cli("--model", str(ckpt_tiny), "-n", "3", "-j", "256", "Hello", preexec_fn=limit),
+                   r"cannot start the 255 worker thread\(s\) of -j 256: .*use a smaller -j")
+
+
+def test_a_forked_child_refused_its_workers_gets_a_typed_error(ckpt_tiny, monkeypatch):
+    """In a fork()ed child the workers start with its first plan: refused there, that plan raises
+    ResourceError (not a hang in the fork handler), and the next one tries again."""
+    from gpt2asm import ResourceError
+    sys.path.insert(0, str(ROOT / "tests"))
+    from forked import run_forked
+    with GPT2.load(ckpt_tiny, threads=5) as m:
+        want = m.generate("Hi", max_new_tokens=4, temperature=0)
+
+        def check():
+            monkeypatch.setattr(threading, "Thread", _RefusedThread)
+            try:
+                m.generate("Hi", max_new_tokens=4, temperature=0)
+                return False
+            except ResourceError:
+                pass
+            monkeypatch.undo()
+            return (m.generate("Hi", max_new_tokens=4, temperature=0) == want
+                    and m.model.k.pool_stats()["workers"] == 4)
+        run_forked(check, timeout=120)
 
 
 # -- 6. the one-line error, never a traceback ---------------------------------------------------------------
