@@ -7,7 +7,7 @@
 __version__ = "0.1.0"
 __all__ = ["GPT2", "GPT2AsmError", "DownloadError", "CheckpointError", "ContextOverflowError", "InvalidArgumentError",
            "KernelUnavailableError", "LibraryError", "ModelNotFoundError", "NonFiniteLogitsError",
-           "ResourceError", "SessionBusyError", "TokenizerError"]
+           "NotCopyableError", "ResourceError", "SessionBusyError", "TokenizerError"]
 
 
 def __getattr__(name):

@@ -35,7 +35,7 @@ import numpy as np
 from . import ggufload
 from .args import integer, not_retired, token_ids
 from .errors import (CheckpointError, ContextOverflowError, InvalidArgumentError, KernelUnavailableError,
-                     SessionBusyError, TokenizerError, shown)
+                     NotCopyableError, SessionBusyError, TokenizerError, shown)
 from .files import find_model_dir, is_random_init
 from .kernels import Kernels
 from .model import Transformer
@@ -208,6 +208,21 @@ class GPT2:
 
     def __enter__(self) -> "GPT2":
         return self
+
+    # A copy would share the -j worker pool (closing one would stop the other's) and the weights: refused.
+    # One GPT2 may be shared by threads; another process loads its own (or inherits it through fork()).
+    def __copy__(self):
+        raise NotCopyableError("a GPT2 model cannot be copied (it owns the -j worker threads and the "
+                               "weights' memory): share the one object between threads (each call has its "
+                               "own KV cache), or GPT2.load the model again")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        raise NotCopyableError("a GPT2 model cannot be pickled (it owns native threads and memory): send "
+                               "the model's path and GPT2.load it in the other process (the tile cache "
+                               "makes that fast), or fork() after loading")
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -525,6 +540,26 @@ class Session:
         s = cls(model)
         s.restore(data)
         return s
+
+    def copy(self) -> "Session":
+        """A branch of this conversation: the same model, its own copy of the cache and tokens (copy.copy
+        and copy.deepcopy do this too; a shallow copy sharing the cache would mix two texts in it)."""
+        with self._use():
+            self._sync()
+            snap, tokens = self._state.snapshot(), list(self.tokens)
+        s = Session(self.gpt2)
+        s._state.restore(snap)
+        s.tokens = tokens
+        return s
+
+    __copy__ = copy
+
+    def __deepcopy__(self, memo) -> "Session":
+        return self.copy()
+
+    def __reduce_ex__(self, protocol):
+        raise NotCopyableError("a Session cannot be pickled (its model cannot): send s.snapshot() and "
+                               "Session.from_bytes(model, data) it where the model is loaded")
 
     def _parse(self, data) -> tuple[tuple, list[int]]:
         bad = lambda why: InvalidArgumentError(f"not a usable KV snapshot: {why}")  # noqa: E731

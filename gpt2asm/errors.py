@@ -86,6 +86,10 @@ class ContextOverflowError(GPT2AsmError):
         super().__init__(f"context overflow: {shown(needed)} tokens needed, the model holds {available}")
 
 
+class NotCopyableError(GPT2AsmError, TypeError):
+    """copy / deepcopy / pickle of an object that owns native threads and memory (GPT2)."""
+
+
 class ResourceError(GPT2AsmError):
     """The system refused what gpt2asm asked of it (a -j worker thread: a thread or address-space limit)."""
 

@@ -214,6 +214,33 @@ def test_snapshot_roundtrip(m, ckpt_tiny):
     assert m.session(blob).tokens == s.tokens
 
 
+def test_copies_of_sessions_branch_and_a_model_is_not_copied(m):
+    """copy.copy of a Session used to share its KV cache (two texts mixed in it: wrong logits, silently);
+    now copy / deepcopy / s.copy() are branches, each the bits of a fresh model.  A GPT2 copied would
+    share its -j pool (closing one stopped the other's workers): copy, deepcopy and pickle are refused
+    with NotCopyableError (also a TypeError, as pickle's own refusals)."""
+    import copy
+    import pickle
+    from gpt2asm import NotCopyableError
+    s = m.session()
+    s.generate(PROMPT, max_new_tokens=6, temperature=0)
+    held = list(s.tokens)
+    for branch in (copy.copy(s), copy.deepcopy(s), s.copy()):
+        assert branch is not s and branch.tokens == held and branch.gpt2 is m
+        a, b = PROMPT + " one way", PROMPT + " and another"
+        assert branch.generate(a, max_new_tokens=5, temperature=0) == m.generate(a, max_new_tokens=5, temperature=0)
+        assert branch.reused >= len(m.encode(PROMPT))
+        assert s.generate(b, max_new_tokens=5, temperature=0) == m.generate(b, max_new_tokens=5, temperature=0)
+    for refuse in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(NotCopyableError, match="GPT2 model cannot be"):
+            refuse(m)
+        with pytest.raises(TypeError):
+            refuse(m)
+    with pytest.raises(NotCopyableError, match="snapshot"):
+        pickle.dumps(s)
+    assert m.generate(PROMPT, max_new_tokens=3, temperature=0)       # the model is untouched
+
+
 def test_snapshot_rejects_damage_and_other_models(m, ckpt_tiny):
     s = m.session()
     s.generate(PROMPT, max_new_tokens=4, temperature=0)
