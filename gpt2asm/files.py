@@ -2,6 +2,7 @@
 the current directory, then GPT-2 124M from the Hugging Face cache, gpt2asm's cache or the hub (hub.py)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -88,7 +89,12 @@ def model_label(model: str | os.PathLike | None = None) -> str:
 def _find_model_dir(model, download: bool, progress: bool) -> Path:
     named = named_spec(model)
     if named is None:
-        cwd = Path.cwd()
+        try:
+            cwd = Path.cwd()
+        except OSError as e:                              # deleted under us (ENOENT), or not readable
+            looked = [f"  the current directory (no --model, no $GPT2ASM_MODEL): {os_error_text(e)}"
+                      + (" (it was deleted)" if e.errno == errno.ENOENT else "")]
+            return hub.resolve(DEFAULT_NAME, download_ok=download, progress=progress, searched=looked)
         if not missing(cwd):
             return cwd
         looked = [f"  the current directory {cwd} (no --model, no $GPT2ASM_MODEL): "
