@@ -136,6 +136,22 @@ def _write(out, text: str) -> None:
         raise _OutputError(getattr(e, "strerror", None) or str(e)) from None
 
 
+def argv_text(a: str) -> str:
+    """A command-line argument as the text its bytes spell in UTF-8: under a locale that is not UTF-8
+    (LC_ALL=C with Python's UTF-8 mode and locale coercion off) Python decodes argv with
+    surrogateescape, which leaves each non-ASCII byte a lone surrogate; bytes that are not UTF-8 stay so
+    (and the tokenizer refuses them)."""
+    try:
+        a.encode("utf-8")
+        return a
+    except UnicodeEncodeError:
+        pass
+    try:
+        return os.fsencode(a).decode("utf-8")
+    except (UnicodeError, ValueError):
+        return a
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -178,7 +194,7 @@ def _main(argv: list[str] | None) -> int:
         if model.random_init:
             say(f"[gpt2asm] note: {model.model_dir} holds randomly initialised weights "
                 "(tools/make_checkpoint.py): the text will be gibberish")
-        prompt = " ".join(args.prompt)
+        prompt = " ".join(map(argv_text, args.prompt))
         prompt_ids = model.encode(prompt)
         gen = model.generate_ids(prompt_ids, args.n, **sampling, stats=stats)
         if args.ids:

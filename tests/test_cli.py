@@ -118,6 +118,33 @@ def test_missing_model_explains(tmp_path):
     assert r.returncode == 2 and "current directory" in r.stderr
 
 
+def test_current_directory_deleted(tmp_path, ckpt_tiny):
+    """No --model, and the current directory was deleted under us: it is one place looked in (gone), then
+    gpt2 from the caches, as from any directory without a model; --model still works there."""
+    gone = tmp_path / "gone"
+    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(ROOT / ".cache" / "no-hf-home"),
+             GPT2ASM_CACHE=str(ROOT / ".cache" / "no-gpt2asm-cache"), PYTHONPATH=str(ROOT))
+    e.pop("GPT2ASM_MODEL", None)
+    for args, status in ((["-n", "2", "Hi"], 2), (["--model", str(ckpt_tiny), "-n", "2", "Hi"], 0)):
+        gone.mkdir()
+        r = subprocess.run([sys.executable, "-m", "gpt2asm", *args], capture_output=True, text=True, env=e,
+                           cwd=gone, preexec_fn=gone.rmdir, timeout=300)
+        assert r.returncode == status and "Traceback" not in r.stderr, r.stderr
+        if status:
+            assert "current directory (no --model, no $GPT2ASM_MODEL): No such file or directory (it was " \
+                   "deleted)" in r.stderr and "'gpt2'" in r.stderr, r.stderr
+
+
+def test_prompt_under_a_c_locale(ckpt_tiny):
+    """LC_ALL=C with Python's locale coercion and UTF-8 mode off: argv arrives surrogate-escaped, and a
+    UTF-8 prompt is still that text (the same token ids as under a UTF-8 locale)."""
+    args = ("--model", str(ckpt_tiny), "-n", "2", "--seed", "1", "-i", "h\u00e9llo w\u00f6rld \u2192 \U0001F600")
+    want = cli(*args)
+    got = cli(*args, env={"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"})
+    assert want.returncode == 0 and got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout
+
+
 def test_context_overflow_one_line(ckpt_tiny):
     r = cli("--model", str(ckpt_tiny), "-n", "2000", "Hi")
     assert r.returncode == 2 and "context overflow" in r.stderr and "Traceback" not in r.stderr
