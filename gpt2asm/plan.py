@@ -171,7 +171,10 @@ class Plan(RowJobs):
                                               fn=fns[f"{op}_{kind}"],
                                               tile_bytes=n_in // Q0_UNIT[kind] * Q0_RECORD[kind])
         n_tiles, n_in, dtype = check_matrix(w, "w", n_tiles)
-        return n_tiles, n_in, _WDTYPES[dtype], dict(w=self._ptr(w), n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
+        f = dict(w=self._ptr(w), n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
+        if op == "matmul" and w.dtype == np.float16 and getattr(self.k, "matmul_f16_fn", 0):
+            f["fn"] = self.k.matmul_f16_fn                 # the family's f16 matmul variant for this CPU
+        return n_tiles, n_in, _WDTYPES[dtype], f
 
     def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,
                ln=None, embed: bool = False, gelu: bool = False,

@@ -79,6 +79,9 @@ class EmulatedKernels(Kernels):
     def _bind(self, name, argtypes):
         return self.emulator.bind(name, ret="int" if name.startswith("gpt2asm_plan_step") else None)
 
+    def _address(self, name):                             # kernels a job calls by address (J_FN)
+        return self.emulator.address_of(name)
+
 
 # --------------------------------------------------------------------------------------------------
 # per-call comparison, for the failure message

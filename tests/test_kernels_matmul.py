@@ -48,7 +48,9 @@ from forked import run_forked                                        # noqa: E40
 
 ISAS = ("avx2", "avx512")
 DTYPES = {"f32": np.float32, "f16": np.float16}
-VARIANTS = [(d, i) for i in ISAS for d in DTYPES]
+# + the binary16 kernel's Zen 4 variant (no blocks of 8 tokens; gpt2asm.kernels.matmul_f16_variant): an ISA
+# name with a suffix, run where its base ISA runs (natively or emulated)
+VARIANTS = [(d, i) for i in ISAS for d in DTYPES] + [("f16", "avx512_zen4")]
 P, S = ctypes.c_void_p, ctypes.c_size_t
 
 
@@ -163,8 +165,13 @@ class EmuRunner:
         return Y.reshape(c.T, c.ldy)
 
 
+def base_isa(isa: str) -> str:
+    return isa.removesuffix("_zen4")
+
+
 def runners_for(dtype, isa):
-    return mv.runners_for(dtype, isa, NativeRunner, EmuRunner, load_lib)
+    return mv.runners_for(dtype, base_isa(isa), lambda lib, d, _: NativeRunner(lib, d, isa),
+                          lambda emu, d, _: EmuRunner(emu, d, isa), load_lib)
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=[f"{d}_{i}" for d, i in VARIANTS])
@@ -263,11 +270,13 @@ def test_matches_matvec():
     if not have:
         pytest.skip("no native ISA")
     rng = np.random.default_rng(31)
-    plan = [(isa, isa, False) for isa in ISAS if isa in have]
+    plan = [(isa, base_isa(isa), False) for isa in dict.fromkeys(i for _, i in VARIANTS) if base_isa(isa) in have]
     if "avx512" not in have and "avx2" in have and mv.emulator()[0] is not None:
         plan.append(("avx512", "avx2", True))      # emulated AVX-512 matmul vs native AVX2 matvec
     for isa, mv_isa, emu in plan:
         for dtype in DTYPES:
+            if (dtype, isa) not in VARIANTS:
+                continue
             for n_in, nt, T, tb, te in ((768, 3, 14, 0, 3), (33, 4, 9, 1, 4), (1, 2, 5, 0, 2)):
                 if emu and n_in > 100:
                     continue
@@ -348,10 +357,12 @@ def test_cross_variant_bits():
     rng = np.random.default_rng(51)
     for dtype in DTYPES:
         runs = []
-        for isa in ISAS:
-            if isa in have:
+        for d, isa in VARIANTS:
+            if d != dtype:
+                continue
+            if base_isa(isa) in have:
                 runs.append(NativeRunner(lib, dtype, isa))
-            elif isa == "avx512" and mv.emulator()[0] is not None:
+            elif base_isa(isa) == "avx512" and mv.emulator()[0] is not None:
                 runs.append(EmuRunner(mv.emulator()[0], dtype, isa))
         if len({r.name.split(" ")[0] for r in runs}) < 2:
             pytest.skip(f"need both an AVX2 and an AVX-512 runner (have {[r.name for r in runs]})")
@@ -372,7 +383,7 @@ def test_page_guards_overread():
     Any over-read or over-write faults."""
     lib = load_lib()
     have = cpu_isas(lib)
-    todo = [(d, i) for d, i in VARIANTS if i in have]
+    todo = [(d, i) for d, i in VARIANTS if base_isa(i) in have]
     if not todo:
         pytest.skip("no variant runs natively")
     rng = np.random.default_rng(61)
@@ -433,7 +444,7 @@ def avx512f_only(lib_path, symbols) -> list[str]:
 
 def test_avx512_uses_only_avx512f():
     """The emulator's CPU has AVX-512 BW/DQ/VL too, so check the instructions themselves."""
-    bad = avx512f_only(mv.LIB_PATH, {symbol(d, "avx512") for d in DTYPES})
+    bad = avx512f_only(mv.LIB_PATH, {symbol(d, i) for d, i in VARIANTS if base_isa(i) == "avx512"})
     assert not bad, "non-AVX-512F instructions: " + "; ".join(bad[:5])
 
 

@@ -60,6 +60,9 @@ class EmulatedAvx512(Kernels):
     def _bind(self, name, argtypes):
         return self.emulator.bind(name, ret="int" if name.startswith("gpt2asm_plan_step") else None)
 
+    def _address(self, name):                    # kernels a job calls by address (J_FN): the emulated ones
+        return self.emulator.address_of(name)
+
 
 def emulator():
     """An Avx512Emulator on the library gpt2asm loaded, or a pytest skip."""

@@ -83,6 +83,33 @@ def test_prefill_equals_cached_steps(tiny, families, threads):
         k.close()
 
 
+@pytest.mark.parametrize("zen4", ["0", "1"])
+def test_f16_matmul_variants_give_the_same_bits(tiny, families, zen4, monkeypatch):
+    """The avx512 family's binary16 matmul with and without blocks of 8 tokens (GPT2ASM_F16_ZEN4 forces
+    the Zen 4 variant, which the plan's f16 MATMUL jobs then call through J_FN): prefill and an 8-row
+    batched step give the cached steps' bits."""
+    dtype, w, ref = tiny
+    if dtype != "f16" or "avx512" not in families:
+        pytest.skip("binary16 on a native avx512 family")
+    monkeypatch.setenv("GPT2ASM_F16_ZEN4", zen4)
+    k = Kernels("avx512", 2)
+    assert (k.matmul_f16_fn != 0) == (zen4 == "1")
+    model = Transformer(w, k)
+    for n in LENGTHS:
+        want, want_st = ref[n]
+        st = model.new_state()
+        got = model.prefill(st, prompt(n, seed=n))[0]
+        assert np.array_equal(bits(got), bits(want[-1])) and same_cache(st, want_st, n), f"T={n}"
+    ids = [prompt(3 + b, seed=100 + b) for b in range(8)]
+    states = [model.new_state() for _ in ids]
+    for st, p in zip(states, ids):
+        model.prefill(st, p[:-1])
+    got = model.step_batch(states, [p[-1] for p in ids])[0]
+    for b, p in enumerate(ids):
+        assert np.array_equal(bits(got[b]), bits(cached_steps(model, p)[0][-1])), f"row {b}"
+    k.close()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_forward_equals_cached_steps(tiny, families, threads):
     """The full-prefix forward (GPT2.logits: the prefill's row plan, then LayerNorm f and the LM head as

@@ -418,3 +418,16 @@ endfunc
 function gpt2asm_matmul_f16_avx512
         matmul_body DT_F16
 endfunc
+
+/*
+ * void gpt2asm_matmul_f16_avx512_zen4(<as gpt2asm_matmul_f16_avx512>);   the same bits.
+ * The binary16 kernel without blocks of 8 (tokens in blocks of 6, then 1..5, as fp32): for AVX-512 on a
+ * 256-bit datapath (Zen 4, where a zmm FMA or widening takes both halves of a pipe).  There the two passes
+ * of a block of 8 cost more than the 6 + 2 blocks' second widening: 124M, B = 8 decode step 28.8-33.0 ->
+ * 23.1-23.5 ms, TTFT 512 920 -> 815 ms (docs/notes.md "binary16 on Zen 4: no blocks of 8").  Python
+ * passes its address in the plan's f16 MATMUL jobs (J_FN) on such a CPU (gpt2asm.kernels).
+ */
+        .set    MM_B8, 0
+function gpt2asm_matmul_f16_avx512_zen4
+        matmul_body DT_F16
+endfunc
