@@ -435,23 +435,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_mid_stream(ckpt_tiny):
+def wait_healthy(url: str, p=None, timeout: float = 120, why: str = "the server did not come up") -> None:
+    """Until GET url/health answers 200 (p: the server's process, which must stay alive)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if http(url + "/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        assert (p is None or p.poll() is None) and time.monotonic() - t0 < timeout, why
+        time.sleep(0.1)
+
+
+def serve_process(ckpt, *flags, **popen) -> tuple[subprocess.Popen, str]:
+    """`python -m gpt2asm serve --model ckpt` on a free port with flags, stdout and stderr together in
+    p.stdout: (process, base URL) once it answers /health."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, "-m", "gpt2asm", "serve", "--model", str(ckpt_tiny), "--port", str(port),
-                          "--drain-timeout", "0.3", "--log-level", "warning"], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen([sys.executable, "-m", "gpt2asm", "serve", "--model", str(ckpt), "--port", str(port),
+                          "--log-level", "warning", *flags], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    url = f"http://127.0.0.1:{port}"
     try:
-        url = f"http://127.0.0.1:{port}"
-        t0 = time.monotonic()
-        while True:
-            try:
-                if http(url + "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert p.poll() is None and time.monotonic() - t0 < 120, "the server did not come up"
-            time.sleep(0.1)
+        wait_healthy(url, p)
+    except BaseException:
+        p.kill()
+        p.wait()
+        raise
+    return p, url
+
+
+def test_sigterm_mid_stream(ckpt_tiny):
+    p, url = serve_process(ckpt_tiny, "--drain-timeout", "0.3")
+    try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
         stream = client.completions.create(model=ckpt_tiny.name, prompt="Hello", max_tokens=1000, temperature=0, stream=True)
         text, fin, n = "", None, 0
@@ -585,39 +601,17 @@ def test_out_of_file_descriptors(ckpt_tiny):
     connections than it can accept: one warning line, no storm of tracebacks (asyncio would log one per
     pending connection and second), and it serves again once they close."""
     resource = pytest.importorskip("resource")
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, "-m", "gpt2asm", "serve", "--model", str(ckpt_tiny), "--port", str(port),
-                          "--log-level", "warning"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True,
-                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    p, url = serve_process(ckpt_tiny, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    port = int(url.rsplit(":", 1)[1])
     conns = []
     try:
-        url = f"http://127.0.0.1:{port}"
-        t0 = time.monotonic()
-        while True:
-            try:
-                if http(url + "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert p.poll() is None and time.monotonic() - t0 < 120, "the server did not come up"
-            time.sleep(0.1)
         for _ in range(120):
             conns.append(socket.create_connection(("127.0.0.1", port), timeout=30))
         time.sleep(3)
         for c in conns:
             c.close()
         conns.clear()
-        t0 = time.monotonic()
-        while True:
-            try:
-                if http(url + "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() - t0 < 30, "the server did not recover"
-            time.sleep(0.2)
+        wait_healthy(url, timeout=30, why="the server did not recover")
         assert p.poll() is None
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 0
