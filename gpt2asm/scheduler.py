@@ -419,7 +419,7 @@ class Scheduler:
         self.tokens += 1
         lp = top = None
         if s.logprobs is not None:
-            lp, top = token_logprobs(logits, tok, s.logprobs)
+            lp, top = token_logprobs(logits, tok, s.logprobs, m.n_sample)
         text = s.ts.push(m.tokenizer.token_bytes(tok))
         s.req._emit(Event(s.index, tok, text, time.monotonic(), lp, top))
         if s.ts.stopped:
@@ -509,12 +509,15 @@ class Scheduler:
             self._thread.join()
 
 
-def token_logprobs(logits: np.ndarray, tok: int, k: int) -> tuple[float, dict]:
-    """log p(tok) under the logits, and the k most likely tokens' {id: log p} (most likely first)."""
+def token_logprobs(logits: np.ndarray, tok: int, k: int, n_ids: int | None = None) -> tuple[float, dict]:
+    """log p(tok) under the logits (the model's whole vocabulary, as GPT2.logprobs), and the k most
+    likely tokens' {id: log p} (most likely first) among ids < n_ids (default all): those the tokenizer
+    can print, where a checkpoint pads its vocabulary beyond the tokenizer's (GPT2.n_sample)."""
     lsm = log_softmax(logits)
     top = {}
-    if k > 0:
-        idx = np.argpartition(-lsm, min(k, lsm.size) - 1)[:k]
-        idx = idx[np.lexsort((idx, -lsm[idx]))]
-        top = {int(i): float(lsm[i]) for i in idx}
+    cand = lsm[:lsm.size if n_ids is None else n_ids]
+    if k > 0 and cand.size:
+        idx = np.argpartition(-cand, min(k, cand.size) - 1)[:k]
+        idx = idx[np.lexsort((idx, -cand[idx]))]
+        top = {int(i): float(cand[i]) for i in idx}
     return float(lsm[tok]), top

@@ -331,7 +331,7 @@ def prompt_logprobs(m, ids: list[int], k: int) -> tuple[list, list]:
         if not np.isfinite(logits[:-1]).all():     # no logprob to give (and JSON has no NaN): as sampling
             raise non_finite_error(logits[:-1], "score", " over the prompt")
         for t in range(1, len(ids)):
-            lp, top = token_logprobs(logits[t - 1], ids[t], k)
+            lp, top = token_logprobs(logits[t - 1], ids[t], k, m.n_sample)
             lps.append(lp)
             tops.append(top)
     return lps, tops

@@ -263,3 +263,29 @@ def test_an_error_mid_batch_frees_every_kv_cache(ckpt_tiny, monkeypatch):
     assert m.generate(["Hello", "Hi there"], 8, n=4, seed=1) == [m.generate(p, 8, seed=1 + 4 * i + k)
                                                                   for i, p in enumerate(("Hello", "Hi there"))
                                                                   for k in range(4)]
+
+
+def test_logprobs_name_only_tokens_the_tokenizer_prints(ckpt_tiny):
+    """A checkpoint may pad its vocabulary past the tokenizer's (GPT2.n_sample < vocab_size): sampling
+    stays below n_sample, and so must the top-k alternatives of logprobs (the server prints them; an
+    unprintable id used to turn a completion into a 400 and break a stream).  The log-probabilities stay
+    over the whole vocabulary, as GPT2.logprobs scores.  Here n_sample is lowered to 1000 to stand for
+    such a checkpoint."""
+    from gpt2asm.scoring import log_softmax
+    from gpt2asm.server import prompt_logprobs
+    m = GPT2.load(ckpt_tiny)
+    m.n_sample = 1000
+    ids = m.encode("The quick brown fox jumps over the lazy dog")
+    sched = Scheduler(m, max_batch=2)
+    req = sched.submit([SeqSpec(ids, 6, dict(temperature=0), logprobs=5),
+                        SeqSpec(ids, 6, dict(temperature=1.0, seed=3), logprobs=5)])
+    sched.run()
+    evs = [e for e in req.events(timeout=0) if e.token is not None]
+    assert len(evs) == 12
+    for e in evs:
+        assert e.token < 1000 and len(e.top) == 5 and all(i < 1000 for i in e.top)
+    lps, tops = prompt_logprobs(m, ids, 5)
+    want = log_softmax(m.logits(ids))
+    for t in range(1, len(ids)):
+        assert all(i < 1000 for i in tops[t]) and len(tops[t]) == 5
+        assert lps[t] == want[t - 1, ids[t]]                        # normalized over every id
