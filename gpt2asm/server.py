@@ -56,7 +56,8 @@ MAX_BODY = 8 << 20                     # bytes of a request body
 MAX_N = 128                            # samples per prompt
 MAX_CHOICES = 1024                     # prompts x n per request
 MAX_LOGPROBS = 20
-MAX_SCORED = 65536                     # prompt tokens an echo + logprobs request scores (its response: ~40 MB)
+MAX_SCORED = 65536                     # prompt tokens an echo + logprobs request returns, each choice its
+                                       # prompt's (prompt tokens x n; its response: ~45 MB)
 ACCEPTED_NOOPS = {"user", "stream_options", "suffix", "presence_penalty", "frequency_penalty", "best_of",
                   "logit_bias"}
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream",
@@ -254,6 +255,9 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
         raise APIError(400, "logit_bias is not supported", param="logit_bias")
     prompt = body.get("prompt", "")
     texts: list[str | None]
+    if isinstance(prompt, list) and not prompt:           # no prompts, or no tokens? (OpenAI refuses it too)
+        raise APIError(400, "prompt is an empty list: give a string (\"\" for none), token ids, or a list of "
+                            "prompts", param="prompt")
     if isinstance(prompt, str):
         id_lists, texts = [prompt], [prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -310,9 +314,10 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
     except GPT2AsmError as e:
         raise APIError(400, str(e)) from None
     prompt_ids = [ids or [m.tokenizer.eot_id] for ids in id_lists]
-    if echo and logprobs is not None and sum(map(len, prompt_ids)) > MAX_SCORED:
-        raise APIError(400, f"echo with logprobs scores at most {MAX_SCORED} prompt tokens a request, got "
-                            f"{sum(map(len, prompt_ids))}: split the prompts over several requests", param="prompt")
+    if echo and logprobs is not None and sum(map(len, prompt_ids)) * n > MAX_SCORED:
+        raise APIError(400, f"echo with logprobs returns at most {MAX_SCORED} prompt tokens a request (each choice "
+                            f"its prompt's), got {sum(map(len, prompt_ids))} x n={n}: split the prompts over several "
+                            "requests", param="prompt")
     return dict(specs=seqs, n=n, prompt_ids=prompt_ids, texts=texts, stream=stream, echo=echo,
                 logprobs=logprobs, include_usage=bool(so and so.get("include_usage")))
 
@@ -675,6 +680,10 @@ def create_app(state: App):
                 if p["include_usage"]:
                     yield "data: " + json.dumps({"id": cid, "object": "text_completion", "created": created,
                                                  "model": state.model_id, "choices": [], "usage": usage()}) + "\n\n"
+                yield "data: [DONE]\n\n"
+            except Exception:                                     # a bug: the stream still ends in JSON
+                log.exception("internal error while streaming %s", cid)
+                yield "data: " + json.dumps(error_body(500, "internal server error", "server_error")) + "\n\n"
                 yield "data: [DONE]\n\n"
             finally:
                 req.cancel()                                      # disconnected: slots free at the next step

@@ -231,6 +231,7 @@ def test_errors(srv, ref):
                        (dict(max_tokens=-1), "max_tokens"), (dict(seed=-5), "seed"), (dict(stop=[1]), "stop"),
                        (dict(stream="yes"), "stream"), (dict(echo=1), "echo"), (dict(logprobs=99), "logprobs"),
                        (dict(prompt=[[1], "a"]), "prompt"), (dict(prompt=[10 ** 9]), "prompt"),
+                       (dict(prompt=[]), "prompt"),
                        (dict(prompt={"a": 1}), "prompt"), (dict(frequency_penalty=1), "frequency_penalty"),
                        (dict(bogus=1), "bogus"), (dict(best_of=3), "best_of"), (dict(suffix="x"), "suffix"),
                        (dict(temperature=10 ** 400), "temperature"), (dict(top_p=10 ** 400), "top_p"),
@@ -252,13 +253,16 @@ def test_errors(srv, ref):
 
 
 def test_echo_logprobs_work_is_bounded_and_cancelled(srv, monkeypatch):
-    """echo + logprobs scores at most MAX_SCORED prompt tokens a request (400 past it); the scoring runs one
+    """echo + logprobs returns at most MAX_SCORED prompt tokens a request, each choice its prompt's (prompt
+    tokens x n; 400 past it: the response would grow n-fold); the scoring runs one
     prompt a driver step, and a client that goes away has the prompts not yet scored skipped."""
     import gpt2asm.server as server
     u = srv.url + "/v1/completions"
     monkeypatch.setattr(server, "MAX_SCORED", 10)
     err(http(u, {"prompt": [[1] * 6, [2] * 5], "echo": True, "logprobs": 1, "max_tokens": 0}), 400, "prompt")
     assert http(u, {"prompt": [[1] * 6, [2] * 5], "echo": True, "max_tokens": 0})[0] == 200      # no logprobs
+    assert http(u, {"prompt": [[1] * 5], "echo": True, "logprobs": 1, "max_tokens": 0})[0] == 200
+    err(http(u, {"prompt": [[1] * 5], "echo": True, "logprobs": 1, "max_tokens": 0, "n": 3}), 400, "prompt")
     monkeypatch.setattr(server, "MAX_SCORED", 1 << 20)
     scored, real = [], server.prompt_logprobs
 
@@ -654,3 +658,26 @@ def test_listener_stops_an_accept_round_at_the_first_emfile():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["EMFILE", "block", "EMFILE", "block"], r.stdout
+
+
+def test_a_failure_mid_stream_ends_the_stream_in_json(srv, monkeypatch):
+    """A bug that raises while a stream is being written (here: Choice.add on its third event) ends that
+    stream with an OpenAI JSON error event and [DONE], not a cut connection; the server goes on."""
+    import gpt2asm.server as server
+    add, calls = server.Choice.add, []
+
+    def failing(self, ev):
+        calls.append(ev)
+        if len(calls) == 3:
+            raise RuntimeError("a bug")
+        return add(self, ev)
+    monkeypatch.setattr(server.Choice, "add", failing)
+    status, text = http(srv.url + "/v1/completions", {"prompt": "Hello", "max_tokens": 8, "stream": True,
+                                                     "temperature": 0})
+    monkeypatch.undo()
+    assert status == 200
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) == 4, events
+    assert json.loads(events[-2])["error"]["type"] == "server_error"
+    assert "a bug" not in text and "Traceback" not in text
+    assert http(srv.url + "/health")[0] == 200
