@@ -416,6 +416,9 @@ class GGUFModel:
             tokens, merges = self.field("tokenizer.ggml.tokens"), self.field("tokenizer.ggml.merges")
         except CheckpointError as e:
             raise TokenizerError(str(e)) from None
+        for name, v in (("tokens", tokens), ("merges", merges)):
+            if v is None:                             # (gguf's writer drops an empty array: merges may be gone)
+                raise TokenizerError(f"{where}: tokenizer.ggml.{name} is missing")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
             raise TokenizerError(f"{where}: tokenizer.ggml.tokens must be a non-empty list of strings")
         if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):

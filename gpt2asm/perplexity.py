@@ -58,6 +58,12 @@ def read_text(file: str, limit: int | None = None) -> str:
                 raise InvalidArgumentError("cannot read stdin: it is closed")
             raw = sys.stdin.buffer.read(limit + 1)
         else:
+            try:
+                fifo = stat.S_ISFIFO(os.stat(file).st_mode)
+            except OSError:
+                fifo = False                          # open() says why
+            if fifo:                                  # open() waits for a writer: say so, not hang silently
+                say(f"gpt2asm.perplexity: {what} is a FIFO: waiting for a writer (Ctrl-C to stop)")
             with open(file, "rb") as f:
                 st = os.fstat(f.fileno())
                 if stat.S_ISREG(st.st_mode) and st.st_size > limit:

@@ -401,6 +401,23 @@ def test_tensor_offsets_follow_ggml(ckpt, tmp_path, move):
         load_gguf_weights(bad)
 
 
+@pytest.mark.parametrize("missing", ["merges", "tokens"])
+def test_tokenizer_metadata_missing(ckpt_tiny, tmp_path, missing):
+    """A tokenizer array the file does not have (gguf's writer drops an empty one) is named as missing."""
+    tokens = [t for t, _ in sorted(json.loads((ckpt_tiny / "vocab.json").read_text()).items(), key=lambda kv: kv[1])]
+    merges = [ln for ln in (ckpt_tiny / "merges.txt").read_text().split("\n") if ln and not ln.startswith("#")]
+
+    def hook(w):
+        w.add_tokenizer_model("gpt2")
+        if missing != "tokens":
+            w.add_token_list(tokens)
+        if missing != "merges":
+            w.add_token_merges(merges)
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "F32", tokenizer=False, hook=hook)
+    with pytest.raises(TokenizerError, match=f"tokenizer.ggml.{missing} is missing"):
+        GGUFModel(g).tokenizer()
+
+
 @pytest.mark.parametrize("what", ["merge line break", "bool bos", "bool eos"])
 def test_tokenizer_metadata_types(ckpt_tiny, tmp_path, what):
     tokens = [t for t, _ in sorted(json.loads((ckpt_tiny / "vocab.json").read_text()).items(), key=lambda kv: kv[1])]

@@ -7,6 +7,7 @@ the perplexity of a text longer than n_ctx matches transformers' documented slid
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -138,3 +139,25 @@ def test_perplexity_tool_closed_streams(ckpt_ctx, tmp_path):
     for line in (f'{cmd} "{f}" 2>&-', f'{cmd} "{f}" 2>/dev/full'):         # the progress bar on
         r = sh(line)
         assert r.returncode == 0 and r.stdout.startswith("perplexity ") and "tokens/s" in r.stdout, (line, r)
+
+
+def test_perplexity_tool_reads_a_fifo(ckpt_ctx, tmp_path):
+    """A FIFO is read as a pipe is, but open() waits for its writer: the tool says it is waiting (it used to
+    sit silent), then scores what the writer sends."""
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs")
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([sys.executable, "-m", "gpt2asm.perplexity", "--model", str(ckpt_ctx), "--stride", "32",
+                          str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        first = p.stderr.readline()                                       # before any writer exists
+        assert "is a FIFO: waiting for a writer" in first, first
+        with open(fifo, "w", encoding="utf-8") as w:
+            w.write(TEXT)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and out.startswith("perplexity "), err
