@@ -208,6 +208,14 @@ def make_server(config, state: "App | None" = None):
     return Server(config)
 
 
+def _json_int(s: str):
+    """A JSON integer; one past Python's int-parsing limit (4300 digits) is an infinity of its sign, which
+    the argument checks then refuse by name (not "the body is not valid JSON")."""
+    if len(s) < 4000:
+        return int(s)
+    return -math.inf if s.startswith("-") else math.inf
+
+
 def _json_safe(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
@@ -504,7 +512,7 @@ def create_app(state: App):
 
     async def read_json(request: Request):
         n = request.headers.get("content-length")
-        if n is not None and (not n.isdigit() or int(n) > MAX_BODY):
+        if n is not None and (not n.isdigit() or len(n) > 18 or int(n) > MAX_BODY):
             raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
         raw = b""
         async for chunk in request.stream():
@@ -512,7 +520,7 @@ def create_app(state: App):
             if len(raw) > MAX_BODY:
                 raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
         try:
-            return json.loads(raw)
+            return json.loads(raw, parse_int=_json_int)
         except (ValueError, RecursionError):
             raise APIError(400, "the request body is not valid JSON") from None
 

@@ -237,6 +237,8 @@ def test_errors(srv, ref):
                        (dict(temperature=10 ** 400), "temperature"), (dict(top_p=10 ** 400), "top_p"),
                        (dict(repetition_penalty=10 ** 400), "repetition_penalty")):
         err(http(u, {"prompt": "Hi", **bad}), 400, param)
+    for name, digits in (("max_tokens", b"9" * 5000), ("seed", b"-" + b"9" * 5000)):   # past int()'s limit
+        err(http(u, raw=b'{"prompt": "Hi", "%s": %s}' % (name.encode(), digits)), 400, name)
     err(http(u, {"prompt": "Hi", "max_tokens": ref.n_ctx}), 400, "max_tokens", "context_length_exceeded")
     err(http(u, {"prompt": [0] * (ref.n_ctx + 1), "max_tokens": 0}), 400, code="context_length_exceeded")
     err(http(u, raw=b'{"\\ud800": 1, "prompt": "a"}'), 400, "\ud800")      # a lone surrogate as a name
