@@ -243,14 +243,18 @@ class Kernels(CheckedOps):
             try:
                 t.start()
             except RuntimeError as e:               # "can't start new thread": a thread or memory limit
-                if self._workers:
-                    self._shutdown(ctx)
-                    for w in self._workers:
-                        w.join()
-                    self._workers = []
-                self._new_ctx(1)
+                self._stop_workers()
                 raise thread_refused(self.threads, e) from None
             self._workers.append(t)
+
+    def _stop_workers(self) -> None:
+        """Shut down and join the workers started; the context then serves the calling thread alone."""
+        if self._workers:
+            self._shutdown(addr(self.ctx))
+            for t in self._workers:
+                t.join()
+            self._workers = []
+        self._ctx32[CTX_NTHREADS // 4] = 1
 
     def _ensure_workers(self) -> None:
         """After a fork(), the child's workers are started by its first plan (not in the fork handler,
@@ -295,12 +299,7 @@ class Kernels(CheckedOps):
         """Stop and join the worker threads (idempotent; the object stays usable single-threaded)."""
         with self._lock:
             self._restart = self._restart_pool = False
-            if self._workers:
-                self._shutdown(addr(self.ctx))
-                for t in self._workers:
-                    t.join()
-                self._workers = []
-                self._ctx32[CTX_NTHREADS // 4] = 1
+            self._stop_workers()
             if self.pool:
                 self.pool.close()
                 self.pool = None
