@@ -204,7 +204,8 @@ class Kernels(CheckedOps):
 
     def _q0_symbols(self) -> dict[str, str] | None:
         """The q0 kernels the plan jobs call, by job use -> exported symbol; None if the library lacks any.
-        x86: the family's variant (_q0_variant) for every op (the matvec in its CPU tuning: q0kernels.mv_variant),
+        x86: the family's variant (_q0_variant) for every op (the matvecs, q6_k's too, in their CPU tuning:
+        q0kernels.mv_variant),
         the quantizer of its width.  AArch64 (its
         families are in Q0_PLAN_FAMILIES): neon's quantizer, cpu.q0_isa's best neon variant per
         op ($GPT2ASM_ARM_Q0 caps it), or the sme2 matvec / matmul for the sme2 family (as ArmQ0)."""
@@ -222,7 +223,12 @@ class Kernels(CheckedOps):
             names = {"quantize": f"gpt2asm_quantize_q8_0_{qisa}"}
             names.update({f"matvec_{k}": f"gpt2asm_matvec_{k}_{mv_variant(v)}" for k in kinds})
             names.update({f"matmul_{k}": f"gpt2asm_matmul_{k}_{v}" for k in kinds})
-        names.update({f"{op}_q6_k": f"gpt2asm_{op}_q6_k_{self._q6k_variant()}" for op in ("matvec", "matmul")})
+        q6 = self._q6k_variant()
+        if ARCH != "aarch64":
+            from .q0kernels import mv_variant
+            names.update({"matvec_q6_k": f"gpt2asm_matvec_q6_k_{mv_variant(q6)}", "matmul_q6_k": f"gpt2asm_matmul_q6_k_{q6}"})
+        else:
+            names.update({f"{op}_q6_k": f"gpt2asm_{op}_q6_k_{q6}" for op in ("matvec", "matmul")})
         return names if all(hasattr(self.lib, n) for n in names.values()) else None
 
     def _address(self, name: str) -> int:

@@ -28,7 +28,8 @@ Q0_MAX_IN = 1 << 15      # the kernels keep per-block tables on the stack: matve
                          # matmul at least one token block's activation panel (n_in/32 * 320 bytes <= 320 KiB)
 # family -> (plain variant, VNNI variant, the CPU feature the VNNI one needs)
 Q0_VARIANTS = {"avx2": ("avx2", "avxvnni", "avx_vnni"), "avx512": ("avx512", "avx512vnni", "avx512_vnni")}
-# decode (matvec) variants that also come with the Zen 4 tuning (the same code with nops: docs/kernels.md)
+# decode (matvec) variants that also come with the Zen 4 tuning (the same code with nops, q6_k's without its
+# prefetch hints: docs/kernels.md)
 Q0_MV_ZEN4 = ("avx512vnni",)
 
 
@@ -71,7 +72,7 @@ def is_zen4() -> bool:
 
 def q6k_variant(variant: str) -> str:
     """The q6_k (the q4_0 models' head) kernels of a q0 variant: avx512vnni for avx512vnni, else avx2
-    (every variant the same bits)."""
+    (every variant the same bits); the matvec in its CPU tuning: mv_variant of this."""
     return "avx512vnni" if variant == "avx512vnni" else "avx2"
 
 
@@ -101,7 +102,8 @@ class Q0Kernels:
         #                                float *y, size_t n_in, size_t tile_begin, size_t tile_end);
         # void gpt2asm_matvec_q4_0_<isa>(the same);
         # void gpt2asm_matvec_q6_k_<isa>(the same);
-        mv = {"q8_0": mv_variant(self.variant), "q4_0": mv_variant(self.variant), "q6_k": q6k_variant(self.variant)}
+        mv = {"q8_0": mv_variant(self.variant), "q4_0": mv_variant(self.variant),
+              "q6_k": mv_variant(q6k_variant(self.variant))}
         self.matvec_fn = {k: self._bind(f"gpt2asm_matvec_{k}_{mv[k]}", [P, P, P, P, P, N, N, N]) for k in Q0_RECORD}
         # void gpt2asm_matmul_q8_0_<isa>(const uint8_t *w, const int8_t *xq, size_t ldq, const float *xd,
         #                                size_t ldd, const float *b, float *y, size_t ldy, size_t n_tokens,

@@ -1,6 +1,6 @@
 """checkasm-style tests (and a benchmark) for the q6_k kernels (docs/kernels.md "gpt2asm_{matvec,matmul}_q6_k_<isa>").
 
-    gpt2asm_matvec_q6_k_{avx2,avx512vnni}, gpt2asm_matmul_q6_k_{avx2,avx512vnni}
+    gpt2asm_matvec_q6_k_{avx2,avx512vnni,avx512vnni_zen4}, gpt2asm_matmul_q6_k_{avx2,avx512vnni}
 
 The helpers are tests/test_kernels_q0.py's (library loading with the checkasm clobber check, the variant
 modes: native where the CPU has it, the AVX-512 one also under tests/avx512emu.py) and
@@ -33,6 +33,7 @@ from forked import run_forked                                        # noqa: E40
 QK, QK_K, TILE = q0ref.QK, q0ref.QK_K, q0ref.TILE
 SUPER6 = q0ref.SUPER6
 ISAS = ("avx2", "avx512vnni")
+MV_TUNED = ("avx512vnni_zen4",)          # the matvec's CPU tunings (the same code, no prefetch hints)
 P, S = ctypes.c_void_p, ctypes.c_size_t
 
 
@@ -46,7 +47,7 @@ def mm_symbol(isa: str) -> str:
 
 def load_lib() -> ctypes.CDLL:
     lib = q0.load_lib()
-    for isa in ISAS:
+    for isa in ISAS + MV_TUNED:
         for sym, args in ((mv_symbol(isa), [P, P, P, P, P, S, S, S]),
                           (mm_symbol(isa), [P, P, S, P, S, P, P, S, S, S, S, S])):
             fn = getattr(lib, sym, None)
@@ -105,15 +106,21 @@ def var(request):
     return request.param, runner_modes(request.param)
 
 
+@pytest.fixture(scope="module", params=ISAS + MV_TUNED)
+def mvar(request):
+    """The matvec's variants and their CPU tunings."""
+    return request.param, runner_modes(request.param)
+
+
 def emu_small(modes, small: bool):
     """The emulator only on small cases (it is ~1000x slower)."""
     return modes if small else [m for m in modes if m == "native"]
 
 
 @pytest.mark.parametrize("n_in", [256, 512, 768, 3072])
-def test_matvec_sizes(var, n_in):
+def test_matvec_sizes(mvar, n_in):
     """Tile ranges not starting at 0, n_out not a multiple of 64 (padding), bias and NULL bias."""
-    isa, modes = var
+    isa, modes = mvar
     rng = np.random.default_rng(n_in)
     for k, (nt, tb, te, n_out) in enumerate(((3, 0, 3, 170), (4, 1, 3, 256), (2, 1, 2, 100))):
         q, sc, d = make_weights(rng, n_out, n_in)
@@ -125,8 +132,8 @@ def test_matvec_sizes(var, n_in):
             check_mv(m, isa, w, xq, xd, b, nt, tb, te, seed=k + n_in)
 
 
-def test_matvec_empty_range(var):
-    isa, modes = var
+def test_matvec_empty_range(mvar):
+    isa, modes = mvar
     rng = np.random.default_rng(5)
     q, sc, d = make_weights(rng, 192, 256)
     w = q0ref.tile_q6k(q, sc, d)
@@ -168,8 +175,8 @@ def extreme_cases(rng, n_in: int, nt: int):
     return w, xs
 
 
-def test_matvec_extremes(var):
-    isa, modes = var
+def test_matvec_extremes(mvar):
+    isa, modes = mvar
     rng = np.random.default_rng(17)
     n_in, nt = 512, 1
     w, xs = extreme_cases(rng, n_in, nt)
@@ -184,9 +191,9 @@ def test_matvec_extremes(var):
     assert (y.view(np.uint32) == 0).all()
 
 
-def test_matvec_head_like(var):
+def test_matvec_head_like(mvar):
     """Many tiles, the last one padded (n_out = 64 * 40 + 17), natively; the emulator a few of them."""
-    isa, modes = var
+    isa, modes = mvar
     rng = np.random.default_rng(31)
     n_in, n_out = 256, 64 * 40 + 17
     q, sc, d = make_weights(rng, n_out, n_in)
@@ -202,7 +209,7 @@ def test_matvec_head_like(var):
 def test_matvec_page_guards():
     """Natively, in a child: w (only the range's tiles), xq, xd, b, y butting against PROT_NONE pages."""
     lib = load_lib()
-    todo = [i for i in ISAS if i in native_isas(lib)]
+    todo = [i for i in ISAS + MV_TUNED if i.removesuffix("_zen4") in native_isas(lib)]
     if not todo:
         pytest.skip("no variant runs natively")
     rng = np.random.default_rng(9)
@@ -360,6 +367,10 @@ def test_checked_calls():
         if isa in have:
             check_mv(["native"], isa, w, XQ[0], XD[0], None, 2, 0, 2)
             check_mm(["native"], isa, w, XQ, XD, None, 2, 1, 2)
+    for isa in MV_TUNED:
+        assert isinstance(getattr(lib, mv_symbol(isa)), checkasm.CheckedFunction), mv_symbol(isa)
+        if isa.removesuffix("_zen4") in have:
+            check_mv(["native"], isa, w, XQ[1], XD[1], None, 2, 0, 2)
 
 
 def test_instruction_sets():
@@ -377,6 +388,10 @@ def test_instruction_sets():
                 assert not dots, f"{sym}: VNNI instructions {dots[:3]}"
             else:
                 assert dots and not any(i.startswith("{vex}") for i in dots), f"{sym}: {dots[:3]}"
+    for tuned in MV_TUNED:                  # the variant's instructions without its prefetch hints
+        strip = lambda ins: [i.split()[0] for i in ins if not i.startswith(("prefetch", "nop", "data16", "cs nop"))]
+        assert strip(dis[mv_symbol(tuned)]) == strip(dis[mv_symbol(tuned.removesuffix("_zen4"))]), tuned
+        assert not any(i.startswith("prefetch") for i in dis[mv_symbol(tuned)]), tuned
 
 
 # --------------------------------------------------------------------------------------------------
@@ -407,8 +422,8 @@ def bench(rounds: int = 21, chunk_mb: int = 160, wall: bool = False, reps: int =
           f"{'wall' if wall else 'thread CPU'} time, medians of {rounds} interleaved rounds")
     print(f"{'kernel':34s} {'us/call':>9s} {'GB/s':>7s} {'read GB/s':>10s} {'ratio':>6s}")
     for rep in range(reps):
-        for isa in ISAS:
-            if isa not in have:
+        for isa in ISAS + MV_TUNED:
+            if isa.removesuffix("_zen4") not in have:
                 continue
             fn = getattr(lib, mv_symbol(isa))
             tk, tr, ratio = mv.interleaved(rounds, clock, ncopy, per,

@@ -294,7 +294,10 @@ endfunc
  * out-of-order window runs too few lines ahead of the oldest miss (the same code with the H lines cut to
  * 2 ops, wrong results, ran at 0.95-1.0).  So each line's ops start with a prefetcht0 Q6_PFD = 6144 bytes
  * (~3.7 records) ahead, one forward stream: 1.0-1.07 of the read (4096: ~1.04, 8192-10240: ~1.05,
- * 16384: ~0.92; prefetcht1: ~0.95).  Prefetches past the range's end do not fault.
+ * 16384: ~0.92; prefetcht1: ~0.95).  Prefetches past the range's end do not fault.  On Zen 4 the same hints
+ * cost: 0.72 of a read with them, 0.94-0.95 without (2048: 0.85, 4096: 0.76, 12288: 0.75; 1-8 nops a line
+ * instead: 0.93-0.98, noise), so gpt2asm_matvec_q6_k_avx512vnni_zen4 is this body without them (Python picks
+ * it on Zen 4: q0kernels.q6k_mv_variant).
  * Registers: zmm0-3 fp32 sums, zmm4-7 A0, zmm8-11 A1, zmm12-15 the masks 0x0f, 0x30, 0xf0, 0x03 bytes,
  * zmm16-19 X, zmm20-23 E, zmm24-27 D, zmm28 T / xd, zmm29-30 masked operands / temps, zmm31 sc; r12 the
  * super-record's d's; the table at rsp (8 bytes a block); zmm16-31 are zeroed before returning.
@@ -302,9 +305,10 @@ endfunc
 #ifndef Q6_PFD
 #define Q6_PFD 6144                             /* prefetch distance in bytes (0: none) */
 #endif
+        .set    Q6_PF, Q6_PFD                   // this kernel's distance (the _zen4 tuning: 0)
         .macro  q6pf off
-        .if Q6_PFD
-        prefetcht0 \off+Q6_PFD(%rdi)
+        .if Q6_PF
+        prefetcht0 \off+Q6_PF(%rdi)
         .endif
         .endm
 
@@ -423,5 +427,14 @@ endfunc
         .endm
         .set    Q0_HI, 1
 function gpt2asm_matvec_q6_k_avx512vnni
+        mv_q0   1664, 5, q6_avx512vnni_blk, 1680, 1, 1
+endfunc
+
+/*
+ * void gpt2asm_matvec_q6_k_avx512vnni_zen4(<as gpt2asm_matvec_q6_k_avx512vnni>);   the same bits.
+ *   The same body without the prefetch hints (Zen 4: 0.94-0.95 of a read against 0.72 with them).
+ */
+        .set    Q6_PF, 0
+function gpt2asm_matvec_q6_k_avx512vnni_zen4
         mv_q0   1664, 5, q6_avx512vnni_blk, 1680, 1, 1
 endfunc
