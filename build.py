@@ -127,8 +127,8 @@ VARIANT_OPS = {
                           **{f"matvec_{k}": ("avx512", "avx512vnni", "avx512vnni_zen4") for k in ("q8_0", "q4_0")},
                           **{f"matmul_{k}": ("avx512", "avx512vnni") for k in ("q8_0", "q4_0")},
                           "matvec_q6_k": ("avx512vnni", "avx512vnni_zen4"), "matmul_q6_k": ("avx512vnni",),
-                          # not q0: the binary16 matmul's Zen 4 variant (gpt2asm.kernels.matmul_f16_variant)
-                          "matmul_f16": ("avx512_zen4",)}},
+                          # not q0: the float matmuls' Zen 4 variants (gpt2asm.kernels.matmul_variant)
+                          "matmul_f32": ("avx512_zen4",), "matmul_f16": ("avx512_zen4",)}},
     "aarch64": {"neon": {"quantize_q8_0": ("neon",), "matvec_q8_0": ("neon", "dotprod"),
                          "matvec_q4_0": ("neon", "dotprod"), "matmul_q8_0": ("neon", "dotprod", "i8mm"),
                          "matmul_q4_0": ("neon", "dotprod", "i8mm"),

@@ -94,9 +94,9 @@
 #define J_QFN               160     /* u64: the activation quantizer, void (*)(const float *x, int8_t *xq,
                                        float *xd, size_t n_in): MATVEC / QKV with Q0, ROWQUANT          */
 #define J_FN                168     /* u64: the q0 kernel: MATVEC / QKV: gpt2asm_matvec_{q8_0,q4_0}_<v>;
-                                       MATMUL: gpt2asm_matmul_{q8_0,q4_0}_<v>; x86 binary16 MATMUL
-                                       (FL_F16): 0, or a variant of the family's f16 matmul
-                                       (gpt2asm_matmul_f16_avx512_zen4)                                */
+                                       MATMUL: gpt2asm_matmul_{q8_0,q4_0}_<v>; x86 float MATMUL: 0,
+                                       or a variant of the family's f32 / f16 matmul
+                                       (gpt2asm_matmul_{f32,f16}_avx512_zen4)                          */
 #define J_XD                176     /* u64: ROWQUANT, MATMUL with Q0: the xd rows (float, J_LDD apart);
                                        MATVEC / QKV with Q0: offset in a private area of the quantized
                                        input: xq [n_in] int8 there, xd [n_in/32] float at + n_in         */

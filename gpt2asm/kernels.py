@@ -160,10 +160,12 @@ class Kernels(CheckedOps):
         self.q0_fns = None if self.q0_names is None else {
             k: self._address(name) for k, name in self.q0_names.items()}
         self.has_q8_0 = self.has_q4_0 = self.q0_fns is not None
-        # the f16 MATMUL jobs' kernel variant (J_FN; 0: the family's own): matmul_f16_variant
-        v = matmul_f16_variant(self.family) if self.has_plan else None
-        name = None if v is None else f"gpt2asm_matmul_f16_{v}"
-        self.matmul_f16_fn = self._address(name) if name and hasattr(self.lib, name) else 0
+        # the float MATMUL jobs' kernel variants (J_FN; 0: the family's own): matmul_variant
+        self.matmul_fn = {}
+        for dt in ("f32", "f16"):
+            v = matmul_variant(self.family, dt) if self.has_plan else None
+            name = None if v is None else f"gpt2asm_matmul_{dt}_{v}"
+            self.matmul_fn[dt] = self._address(name) if name and hasattr(self.lib, name) else 0
         self._new_ctx(threads if self.has_plan else 1)
         if threads > 1:
             if self.has_plan:
@@ -391,13 +393,14 @@ class Kernels(CheckedOps):
                                     for (h0, h1), s in zip(split(n_head, parts), scratch)]
 
 
-def matmul_f16_variant(family: str) -> str | None:
-    """The variant of the family's binary16 matmul (prefill, batched decode) for this CPU, or None for the
-    family's own: avx512_zen4 (no blocks of 8 tokens) on Zen 4, whose AVX-512 runs on a 256-bit datapath
-    (q0kernels.is_zen4).  $GPT2ASM_F16_ZEN4=1 / 0 forces / forbids it.  Every variant gives the same bits."""
+def matmul_variant(family: str, dtype: str) -> str | None:
+    """The variant of the family's float matmul (prefill, batched decode; dtype "f32" or "f16") for this CPU,
+    or None for the family's own: avx512_zen4 on Zen 4, whose AVX-512 runs on a 256-bit datapath
+    (q0kernels.is_zen4) -- binary16 without blocks of 8 tokens, fp32 without the small calls' prefetch hints.
+    $GPT2ASM_F16_ZEN4 / $GPT2ASM_F32_ZEN4 = 1 / 0 forces / forbids it.  Every variant gives the same bits."""
     if family != "avx512":
         return None
-    force = os.environ.get("GPT2ASM_F16_ZEN4", "")
+    force = os.environ.get(f"GPT2ASM_{dtype.upper()}_ZEN4", "")
     if force == "":
         from .q0kernels import is_zen4
         zen4 = is_zen4()

@@ -172,8 +172,9 @@ class Plan(RowJobs):
                                               tile_bytes=n_in // Q0_UNIT[kind] * Q0_RECORD[kind])
         n_tiles, n_in, dtype = check_matrix(w, "w", n_tiles)
         f = dict(w=self._ptr(w), n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
-        if op == "matmul" and w.dtype == np.float16 and getattr(self.k, "matmul_f16_fn", 0):
-            f["fn"] = self.k.matmul_f16_fn                 # the family's f16 matmul variant for this CPU
+        fn = getattr(self.k, "matmul_fn", {}).get("f16" if w.dtype == np.float16 else "f32", 0)
+        if op == "matmul" and fn:
+            f["fn"] = fn                                   # the family's float matmul variant for this CPU
         return n_tiles, n_in, _WDTYPES[dtype], f
 
     def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,

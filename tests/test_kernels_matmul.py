@@ -48,9 +48,9 @@ from forked import run_forked                                        # noqa: E40
 
 ISAS = ("avx2", "avx512")
 DTYPES = {"f32": np.float32, "f16": np.float16}
-# + the binary16 kernel's Zen 4 variant (no blocks of 8 tokens; gpt2asm.kernels.matmul_f16_variant): an ISA
-# name with a suffix, run where its base ISA runs (natively or emulated)
-VARIANTS = [(d, i) for i in ISAS for d in DTYPES] + [("f16", "avx512_zen4")]
+# + the Zen 4 variants (binary16 without blocks of 8 tokens, fp32 without the small calls' prefetch hints;
+# gpt2asm.kernels.matmul_variant): an ISA name with a suffix, run where its base ISA runs (natively or emulated)
+VARIANTS = [(d, i) for i in ISAS for d in DTYPES] + [("f32", "avx512_zen4"), ("f16", "avx512_zen4")]
 P, S = ctypes.c_void_p, ctypes.c_size_t
 
 

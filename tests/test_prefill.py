@@ -84,16 +84,17 @@ def test_prefill_equals_cached_steps(tiny, families, threads):
 
 
 @pytest.mark.parametrize("zen4", ["0", "1"])
-def test_f16_matmul_variants_give_the_same_bits(tiny, families, zen4, monkeypatch):
-    """The avx512 family's binary16 matmul with and without blocks of 8 tokens (GPT2ASM_F16_ZEN4 forces
-    the Zen 4 variant, which the plan's f16 MATMUL jobs then call through J_FN): prefill and an 8-row
-    batched step give the cached steps' bits."""
+def test_float_matmul_variants_give_the_same_bits(tiny, families, zen4, monkeypatch):
+    """The avx512 family's float matmuls and their Zen 4 variants (binary16 without blocks of 8 tokens,
+    fp32 without the small calls' prefetch hints; GPT2ASM_F16_ZEN4 / GPT2ASM_F32_ZEN4 force them, and
+    the plan's MATMUL jobs then call them through J_FN): prefill and an 8-row batched step give the
+    cached steps' bits."""
     dtype, w, ref = tiny
-    if dtype != "f16" or "avx512" not in families:
-        pytest.skip("binary16 on a native avx512 family")
-    monkeypatch.setenv("GPT2ASM_F16_ZEN4", zen4)
+    if dtype not in ("f32", "f16") or "avx512" not in families:
+        pytest.skip("a float dtype on a native avx512 family")
+    monkeypatch.setenv(f"GPT2ASM_{dtype.upper()}_ZEN4", zen4)
     k = Kernels("avx512", 2)
-    assert (k.matmul_f16_fn != 0) == (zen4 == "1")
+    assert (k.matmul_fn[dtype] != 0) == (zen4 == "1")
     model = Transformer(w, k)
     for n in LENGTHS:
         want, want_st = ref[n]

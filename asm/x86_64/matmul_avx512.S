@@ -51,6 +51,9 @@
  * hardware prefetchers streaming it (16 tokens 13 % faster; f16, compute-bound there, is slower with it:
  * MM_PF_NEXT = 0).  docs/notes.md "matmul (AVX-512) at small batches".  Large calls (prefill) amortize
  * the first pass over many blocks of tokens.
+ * On Zen 4 the fp32 hints cost more than they give: gpt2asm_matmul_f32_avx512_zen4 is the kernel without
+ * them (MM_PF_FIRST = MM_PF_NEXT = 0): a B = 8 step's matmuls 27-28 -> 21-22 ms (docs/notes.md "fp32
+ * batched decode on Zen 4: no prefetch hints").
  * A small binary16 call with a block of 8 (8 <= n_tokens <= MM_PF_TOK) takes its rows in chunks of
  * MM_KC_B8 bytes instead (64 rows; the sums parked in y between chunks as in K-blocking): the first
  * half's pass of a chunk prefetches MM_PF_DIST bytes on (the next chunk), so DRAM streams it while
@@ -185,7 +188,7 @@
         .endm
 
         /* \pf = 1 (a chunk's first block): prefetch (prefetcht0) the lines MM_PF_DIST bytes past the pair
-         * of rows at r10; \pf = 2 (its later blocks): MM_PF_NEXT lines of the next chunk at rbp, which
+         * of rows at r10 (if MM_PF_FIRST: not in the Zen 4 fp32 variant); \pf = 2 (its later blocks): MM_PF_NEXT lines of the next chunk at rbp, which
          * moves on */
         .macro  mm_pf pf
         .if \pf == 2
@@ -197,7 +200,7 @@
         addq    $64*MM_PF_NEXT, %rbp
         .exitm
         .endif
-        .if \pf
+        .if \pf && MM_PF_FIRST
         .irp k, 0,1,2,3,4,5,6,7
         .if \k < 2*ROWB/64
         prefetcht0 MM_PF_DIST+64*\k(%r10)
@@ -396,9 +399,24 @@
         .endif
         .set    RB, 8
         .set    MM_PF_MIN, 4
+        .set    MM_PF_FIRST, 1
         .set    MM_PF_NEXT, 2
         .set    MM_B8, 0
 function gpt2asm_matmul_f32_avx512
+        matmul_body DT_F32
+endfunc
+
+/*
+ * void gpt2asm_matmul_f32_avx512_zen4(<as gpt2asm_matmul_f32_avx512>);   the same bits.
+ * The fp32 kernel without the small calls' prefetch hints: on Zen 4 (AVX-512 on a 256-bit datapath, where
+ * the hardware prefetchers keep up with a block's 24 FMAs a row) the hints slowed the streaming first
+ * block (6 tokens from DRAM: 0.80 of a plain read with them, 0.90 without) and the later blocks' hints of
+ * the next chunk cost more still (8 tokens 0.55 -> 0.69-0.73).  Python passes its address in the plan's
+ * fp32 MATMUL jobs (J_FN) on such a CPU (gpt2asm.kernels.matmul_variant).
+ */
+        .set    MM_PF_FIRST, 0
+        .set    MM_PF_NEXT, 0
+function gpt2asm_matmul_f32_avx512_zen4
         matmul_body DT_F32
 endfunc
 
@@ -412,6 +430,7 @@ endfunc
         .endif
         .set    RB, 7
         .set    MM_PF_MIN, 1
+        .set    MM_PF_FIRST, 1
         .set    MM_PF_NEXT, 0
         .set    MM_B8, 1
         .set    KCB8, MM_KC_B8 / 128

@@ -486,17 +486,17 @@ vadd_avx512:
         .endm
 
         /* the \op kernel of the job's dtype (FL_F16 in its flags): gpt2asm_\op_f32 / _f16 with the
-         * arguments as they are (FL_F16 with a nonzero J_FN: that variant of the _f16 kernel, the same
-         * arguments); FL_Q0: the job's kernel J_FN after \q0args */
+         * arguments as they are (a nonzero J_FN: that variant of the dtype's kernel, the same arguments);
+         * FL_Q0: the job's kernel J_FN after \q0args */
         .macro  dtype_call op, isa, q0args
         if_flag FL_Q0, .Ldt0\@
-        if_flag FL_F16, .Ldt1\@
-        xcall   gpt2asm_\op\()_f32_\isa
-        jmp     .Ldt3\@
-.Ldt1\@:
         movq    J_FN(%r14), %rax
         testq   %rax, %rax
-        jz      .Ldt2\@
+        jnz     .Ldtv\@
+        if_flag FL_F16, .Ldt2\@
+        xcall   gpt2asm_\op\()_f32_\isa
+        jmp     .Ldt3\@
+.Ldtv\@:
         call    *%rax
         jmp     .Ldt3\@
 .Ldt2\@:
