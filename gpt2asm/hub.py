@@ -142,6 +142,17 @@ def endpoint() -> str | None:
     return e.rstrip("/") or None
 
 
+def valid_url(url: str) -> bool:
+    """Whether url is an http(s) URL with a host (and a valid port, if any)."""
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(url)
+        u.port                                        # raises ValueError when out of range or not a number
+    except ValueError:
+        return False
+    return u.scheme in ("http", "https") and bool(u.hostname)
+
+
 def load_pins(pins: dict | None = None) -> dict[str, Pin]:
     """The pins in force: `pins` if given, else $GPT2ASM_HUB_PINS's file if set, else PINS."""
     if pins is not None:
@@ -519,11 +530,14 @@ def download(repo: str, *, pins: dict | None = None, progress: bool = True, endp
     """Download the four files of `repo` at one fixed revision; return the verified snapshot directory."""
     pins_ = load_pins(pins)
     pin = pins_.get(repo)
+    ep = endpoint_url or endpoint()
+    if ep is not None and not valid_url(ep):          # (huggingface_hub's import would fail on it)
+        src = "the endpoint" if endpoint_url else "$HF_ENDPOINT"
+        raise ModelNotFoundError(f"cannot download {repo}: {src} {ep!r} is not a valid http(s) URL")
     hf = _hf()
     if hf is None:
         raise ModelNotFoundError(f"cannot download {repo}: the Python package huggingface_hub is not installed "
                                  "(it is a dependency of gpt2asm: pip install huggingface_hub, or reinstall gpt2asm)")
-    ep = endpoint_url or endpoint()
     why = unreachable(ep)
     if why:
         raise ModelNotFoundError(f"cannot download {repo}: cannot reach the hub at {ep or 'the Hugging Face hub'} "

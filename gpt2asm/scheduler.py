@@ -375,7 +375,10 @@ class Scheduler:
 
     def _adopt_prefill(self, f: _Seq, src, logits: np.ndarray, argmax) -> None:
         """Give f the prompt's cache (the same bits as prefilling it: a copy) and sample its first token
-        from the same logits."""
+        from the same logits (a sample of no new tokens ends there, as its own prefill would)."""
+        if f.n == 0:
+            self._finish(f, "length")
+            return
         try:
             n, st = len(f.ids), f.state
             st.k[:, :, :n] = src.k[:, :, :n]

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import InvalidArgumentError, shown
+from .sampler import non_finite_error
 
 DEFAULT_STRIDE = 512
 
@@ -56,7 +57,8 @@ def token_logprobs_many(gpt2, texts, stride: int | None = None,
                         progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
     """Per-token log-probabilities of each text (a str, tokenized, or a list of token ids): a float64
     array [len(ids)] per text, NaN at 0 (and at any position no window scores, possible only with
-    stride >= n_ctx).  progress(n) is called with the tokens scored after each window."""
+    stride >= n_ctx).  progress(n) is called with the tokens scored after each window.  Non-finite logits
+    (weights that overflow) are a NonFiniteLogitsError, as in generation."""
     n_ctx = gpt2.config.n_ctx
     stride = default_stride(n_ctx) if stride is None else stride
     if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or not 1 <= stride <= n_ctx:
@@ -73,6 +75,8 @@ def token_logprobs_many(gpt2, texts, stride: int | None = None,
                     continue
                 logits = gpt2.logits(ids[begin:end])                    # [end - begin][V] float32
                 rows = logits[first - 1 - begin:end - 1 - begin]        # predicting tokens first..end-1
+                if not np.isfinite(rows).all():                         # no probability to take of them
+                    raise non_finite_error(rows, "score the text", f" over tokens {first - 1}..{end - 2}")
                 lsm = log_softmax(rows)
                 lp[first:end] = lsm[np.arange(end - first), ids[first:end]]
                 if progress is not None:

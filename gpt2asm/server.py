@@ -332,6 +332,16 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
 
 # ----------------------------------------------------------------------------------------------------
 
+def token_name(b: bytes) -> str:
+    """A token as `logprobs` names it: its text, or for bytes that are not whole UTF-8 (a piece of a
+    multi-byte character) OpenAI's spelling "bytes:\\xe6\\x97": distinct tokens keep distinct names, so
+    top_logprobs never merges two alternatives under one U+FFFD."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{c:02x}" for c in b)
+
+
 def prompt_logprobs(m, ids: list[int], k: int) -> tuple[list, list]:
     """Echo's logprobs of the prompt tokens (None for the first): the numbers GPT2.logprobs gives, and the
     k most likely at each position (one full-prefix forward; the prompt fits the context)."""
@@ -736,7 +746,7 @@ class Choice:
         self.prompt_lp = None if prompt_lp is None else prompt_lp[self.prompt]
 
     def _tok(self, t: int) -> str:
-        return self.m.tokenizer.token_bytes(t).decode("utf-8", errors="replace")
+        return token_name(self.m.tokenizer.token_bytes(t))
 
     def _logprobs(self, toks, lps, tops, offs: list[int]) -> dict | None:
         if self.p["logprobs"] is None:

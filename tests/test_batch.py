@@ -196,6 +196,12 @@ def test_threaded_scheduler_queue_and_close(ckpt_tiny):
 
 def test_api_lists_and_samples(ckpt_tiny):
     with GPT2.load(ckpt_tiny) as m:
+        # a prompt given twice, the copy adopting its twin's prefill, with no new tokens: nothing (as alone)
+        assert m.generate(["Hello", "Hello"], max_new_tokens=[5, 0], temperature=0) == [m.generate("Hello", 5, temperature=0), ""]
+        assert [i for i, _ in m.generate_ids([[15496], [15496]], max_new_tokens=[3, 0], temperature=0)] == [0, 0, 0]
+        # n=None is "not given" everywhere: the single-prompt forms
+        assert m.generate("Hello", 3, n=None, temperature=0) == m.generate("Hello", 3, temperature=0)
+        assert list(m.stream("Hello", 3, n=None, temperature=0)) == list(m.stream("Hello", 3, temperature=0))
         prompts = ["Hello there", "The quick brown fox", ""]
         out = m.generate(prompts, max_new_tokens=[5, 12, 3], temperature=0)
         assert out == [m.generate(p, n, temperature=0) for p, n in zip(prompts, [5, 12, 3])]

@@ -341,6 +341,17 @@ def test_cli_fresh_install_downloads_then_works_offline(served, ckpt_tiny, tmp_p
     assert r2.stdout == r.stdout and len(served.log) == n and "downloading" not in r2.stderr
 
 
+def test_cli_malformed_endpoint(env, tmp_path):
+    """An $HF_ENDPOINT no URL parser accepts (huggingface_hub's import fails on it): one line naming it,
+    status 2, from the CLI; ModelNotFoundError from the API (was a ValueError traceback)."""
+    e = cli_env(tmp_path, HF_ENDPOINT="http://[::1")
+    r = subprocess.run([sys.executable, "-m", "gpt2asm", "--model", "gpt2", "-n", "2", "hi"], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "is not a valid http(s) URL" in r.stderr, r.stderr
+    with pytest.raises(ModelNotFoundError, match="not a valid"):
+        hub.download("openai-community/gpt2", endpoint_url="ftp://example")
+
+
 def test_cli_offline_explains(env, tmp_path):
     work = tmp_path / "empty"
     work.mkdir()

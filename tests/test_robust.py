@@ -342,6 +342,11 @@ def test_non_finite_logits_detected(micro, tmp_path):
         m.generate("Hello", max_new_tokens=3)
     with pytest.raises(NonFiniteLogitsError):
         m.session().generate("Hello", max_new_tokens=3, temperature=0)
+    with pytest.raises(NonFiniteLogitsError, match="score"):           # was an array of NaN
+        m.logprobs(["Hello there, world"])
+    r = subprocess.run([sys.executable, "-m", "gpt2asm.perplexity", "--model", str(d), "-"], input="Hello there, world",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "non-finite" in r.stderr and "Traceback" not in r.stderr, r.stderr
     line = one_line_error(cli("--model", str(d), "-n", "3", "Hello"))
     assert "non-finite" in line
 

@@ -150,6 +150,22 @@ def test_echo_logprobs_are_scoring_numbers(srv, ref):
         assert v <= 0 and max(top.values()) == pytest.approx(v)        # greedy: the most likely token
 
 
+def test_logprobs_name_every_token_apart(srv, ref):
+    """Tokens that are pieces of a multi-byte character are named as OpenAI does ("bytes:\\xe6\\x97"), so
+    every token of the vocabulary has its own name and top_logprobs never merges two alternatives under one
+    U+FFFD (logprobs = 20 gave 19 entries at some positions)."""
+    from gpt2asm.server import token_name
+    names = [token_name(ref.tokenizer.token_bytes(t)) for t in range(ref.n_sample)]
+    assert len(set(names)) == len(names) and not any("\ufffd" in n for n in names if n.startswith("bytes:"))
+    assert token_name("日".encode()[:2]) == "bytes:\\xe6\\x97" and token_name(b" the") == " the"
+    r = srv.client().completions.create(model="tiny", prompt="日本の天気", max_tokens=0, echo=True, logprobs=20)
+    lp = r.choices[0].logprobs
+    ids = ref.encode("日本の天気")
+    assert lp.tokens == [token_name(ref.tokenizer.token_bytes(t)) for t in ids]
+    assert any(t.startswith("bytes:") for t in lp.tokens)
+    assert all(len(top) == 20 for top in lp.top_logprobs[1:])
+
+
 def test_echo_offsets_and_empty_prompt(srv, ref):
     """text_offset: where each token's text starts in `text` -- the characters complete before it (a byte
     token inside a multi-byte character points at that character), the same streamed or not; an empty
