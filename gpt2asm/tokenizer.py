@@ -459,8 +459,9 @@ class Tokenizer:
             if ids is None:
                 try:
                     raw = piece.encode("utf-8")
-                except UnicodeEncodeError as e:  # lone surrogates
-                    raise TokenizerError(f"text cannot be encoded as UTF-8: {e}") from None
+                except UnicodeEncodeError as e:  # lone surrogates (e.start: within this piece, not the text)
+                    raise TokenizerError(f"text cannot be encoded as UTF-8: it holds the lone surrogate "
+                                         f"U+{ord(piece[e.start]):04X}") from None
                 ids = self._bpe("".join([BYTE_TABLE[b] for b in raw]))
                 if len(cache) >= CACHE_MAX:
                     cache.clear()

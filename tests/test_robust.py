@@ -404,3 +404,12 @@ def test_full_context_run_keeps_memory_flat(ckpt_tiny):
     with pytest.raises(Exception) as e:                       # and the context is really full now
         list(s.generate_ids(s.tokens + [1, 2], 1))
     assert type(e.value).__name__ == "ContextOverflowError"
+
+
+def test_tools_bad_arguments_are_one_line(micro, tmp_path):
+    """tools/verify.py and tools/make_gguf.py: a bad argument or file is one line and status 2 (were tracebacks)."""
+    for args in (["tools/verify.py", "--model", str(micro), "-j", "0"],
+                 ["tools/make_gguf.py", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "x.gguf")],
+                 ["tools/make_gguf.py", "--model", str(micro), "--out", str(tmp_path)]):
+        r = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr, (args, r.stderr)

@@ -124,4 +124,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpt2asm.errors import GPT2AsmError
+    try:
+        sys.exit(main())
+    except (GPT2AsmError, OSError) as e:                 # a bad argument or file: one line, status 2
+        print(f"verify.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
