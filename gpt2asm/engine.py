@@ -339,9 +339,7 @@ class GPT2:
         generation ends before the first stop string (which is not yielded). The arguments are checked
         before the first piece is asked for.  Given a list of prompts, or n: (choice index, text piece)
         pairs of every sample of every prompt (batch.py)."""
-        if "n" in sampling and sampling["n"] is None:           # n=None: not given (as generate_ids)
-            del sampling["n"]
-        if isinstance(prompt, (list, tuple)) or "n" in sampling:
+        if _batch_form(prompt, sampling):
             return _batch().stream(self, prompt, max_new_tokens, stop, **sampling)
         stop = _check_stop(stop)
         ids, n, sampler = self._prepare(self.encode(prompt), max_new_tokens, sampling)
@@ -352,9 +350,7 @@ class GPT2:
         """The generated text (without the prompt). Sampling: temperature (0 = greedy), top_k, top_p,
         repetition_penalty, seed (None = random).  Given a list of prompts, or n: the list of every
         sample of every prompt, in order (batch.py: per-prompt arguments, derived seeds)."""
-        if "n" in sampling and sampling["n"] is None:           # n=None: not given (as generate_ids)
-            del sampling["n"]
-        if isinstance(prompt, (list, tuple)) or "n" in sampling:
+        if _batch_form(prompt, sampling):
             return _batch().generate(self, prompt, max_new_tokens, stop, **sampling)
         return "".join(self.stream(prompt, max_new_tokens, stop=stop, **sampling))
 
@@ -390,6 +386,14 @@ class GPT2:
 def _batch():
     from . import batch
     return batch
+
+
+def _batch_form(prompt, sampling: dict) -> bool:
+    """Whether generate / stream take the batch form (batch.py): a list of prompts, or n given; n=None is
+    not given (as in generate_ids) and is dropped from sampling."""
+    if sampling.get("n", 0) is None:
+        del sampling["n"]
+    return isinstance(prompt, (list, tuple)) or "n" in sampling
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -218,6 +218,7 @@ class Kernels(CheckedOps):
                    {op: q0_isa(op, self.lib) for op in ("matvec", "matmul")})
             names = {"quantize": "gpt2asm_quantize_q8_0_neon"}
             names.update({f"{op}_{k}": f"gpt2asm_{op}_{k}_{isa[op]}" for op in isa for k in kinds})
+            names.update({f"{op}_q6_k": f"gpt2asm_{op}_q6_k_{self._q6k_variant()}" for op in ("matvec", "matmul")})
         else:
             from .q0kernels import mv_variant
             v = self._q0_variant()
@@ -225,12 +226,9 @@ class Kernels(CheckedOps):
             names = {"quantize": f"gpt2asm_quantize_q8_0_{qisa}"}
             names.update({f"matvec_{k}": f"gpt2asm_matvec_{k}_{mv_variant(v)}" for k in kinds})
             names.update({f"matmul_{k}": f"gpt2asm_matmul_{k}_{v}" for k in kinds})
-        q6 = self._q6k_variant()
-        if ARCH != "aarch64":
-            from .q0kernels import mv_variant
-            names.update({"matvec_q6_k": f"gpt2asm_matvec_q6_k_{mv_variant(q6)}", "matmul_q6_k": f"gpt2asm_matmul_q6_k_{q6}"})
-        else:
-            names.update({f"{op}_q6_k": f"gpt2asm_{op}_q6_k_{q6}" for op in ("matvec", "matmul")})
+            q6 = self._q6k_variant()
+            names.update({"matvec_q6_k": f"gpt2asm_matvec_q6_k_{mv_variant(q6)}",
+                          "matmul_q6_k": f"gpt2asm_matmul_q6_k_{q6}"})
         return names if all(hasattr(self.lib, n) for n in names.values()) else None
 
     def _address(self, name: str) -> int:

@@ -172,9 +172,10 @@ class Plan(RowJobs):
                                               tile_bytes=n_in // Q0_UNIT[kind] * Q0_RECORD[kind])
         n_tiles, n_in, dtype = check_matrix(w, "w", n_tiles)
         f = dict(w=self._ptr(w), n_in=n_in, tile_bytes=n_in * TILE * w.itemsize)
-        fn = getattr(self.k, "matmul_fn", {}).get("f16" if w.dtype == np.float16 else "f32", 0)
-        if op == "matmul" and fn:
-            f["fn"] = fn                                   # the family's float matmul variant for this CPU
+        if op == "matmul":                                 # the family's float matmul variant for this CPU
+            fn = getattr(self.k, "matmul_fn", {}).get("f16" if w.dtype == np.float16 else "f32", 0)
+            if fn:
+                f["fn"] = fn
         return n_tiles, n_in, _WDTYPES[dtype], f
 
     def matvec(self, w: np.ndarray, x: np.ndarray | None, b: np.ndarray | None, y: np.ndarray, *,

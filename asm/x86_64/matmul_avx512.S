@@ -188,8 +188,8 @@
         .endm
 
         /* \pf = 1 (a chunk's first block): prefetch (prefetcht0) the lines MM_PF_DIST bytes past the pair
-         * of rows at r10 (if MM_PF_FIRST: not in the Zen 4 fp32 variant); \pf = 2 (its later blocks): MM_PF_NEXT lines of the next chunk at rbp, which
-         * moves on */
+         * of rows at r10 (if MM_PF_FIRST: not in the Zen 4 fp32 variant); \pf = 2 (its later blocks):
+         * MM_PF_NEXT lines of the next chunk at rbp, which moves on */
         .macro  mm_pf pf
         .if \pf == 2
         .irp k, 0,1,2,3

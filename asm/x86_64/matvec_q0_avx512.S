@@ -297,7 +297,7 @@ endfunc
  * 16384: ~0.92; prefetcht1: ~0.95).  Prefetches past the range's end do not fault.  On Zen 4 the same hints
  * cost: 0.72 of a read with them, 0.94-0.95 without (2048: 0.85, 4096: 0.76, 12288: 0.75; 1-8 nops a line
  * instead: 0.93-0.98, noise), so gpt2asm_matvec_q6_k_avx512vnni_zen4 is this body without them (Python picks
- * it on Zen 4: q0kernels.q6k_mv_variant).
+ * it on Zen 4: q0kernels.mv_variant).
  * Registers: zmm0-3 fp32 sums, zmm4-7 A0, zmm8-11 A1, zmm12-15 the masks 0x0f, 0x30, 0xf0, 0x03 bytes,
  * zmm16-19 X, zmm20-23 E, zmm24-27 D, zmm28 T / xd, zmm29-30 masked operands / temps, zmm31 sc; r12 the
  * super-record's d's; the table at rsp (8 bytes a block); zmm16-31 are zeroed before returning.
