@@ -78,8 +78,12 @@
         vpbroadcastd 32*\t+4*\g(%rax), %ymm14
         vpsignb 128+256*\g+MQ_WO(%rdi), %ymm14, %ymm13       // X * sign(w)
         vpmaddubsw %ymm13, %ymm12, %ymm13
+        .if \g == 0
+        vpmaddwd Q0_ONES(%rbx), %ymm13, %ymm\i  // the block's first group starts the sum
+        .else
         vpmaddwd Q0_ONES(%rbx), %ymm13, %ymm13
         vpaddd  %ymm13, %ymm\i, %ymm\i
+        .endif
         .endm
 
         /* q8_0, VNNI: ymm12 = w ^ 0x80 of group \g */

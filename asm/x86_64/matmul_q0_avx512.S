@@ -94,8 +94,12 @@
         vpbroadcastd 32*\t+4*\g(%rax), %zmm20
         vpsubb  %zmm20, %zmm21, %zmm20{%k1}     // X * sign(w)
         vpmaddubsw %zmm20, %zmm16, %zmm19
+        .if \g == 0
+        vpmaddwd %zmm22, %zmm19, %zmm\i        // the block's first group starts the sum
+        .else
         vpmaddwd %zmm22, %zmm19, %zmm19
         vpaddd  %zmm19, %zmm\i, %zmm\i
+        .endif
         .endm
 
         /* q8_0, VNNI: X an embedded broadcast from the panel */

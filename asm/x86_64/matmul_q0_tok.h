@@ -40,8 +40,7 @@
         .macro  zero_f t, i, f, a
         VPXOR   %VZ\f, %VZ\f, %VZ\f
         .endm
-        .macro  zero_i t, i, f, a
-        VPXOR   %VZ\i, %VZ\i, %VZ\i
+        .macro  no_init t, i, f, a               // the block's first group writes the sums (q8s_tok, q4m_tok)
         .endm
         .macro  corr_i t, i, f, a
         vpbroadcastd MQ_CO+4*\t(%rax), %VR\i    // s = -c * sum(xq[t] of the block)
@@ -156,21 +155,25 @@
 
         .macro  q4m_tok t, i, f, g
         vpbroadcastd 32*\t+4*\g(%rax), XB
+        .if \g == 0
+        vpmaddubsw XB, W0, %VR\i                // the block's first group starts the sum
+        .else
         vpmaddubsw XB, W0, PR
         vpaddw  PR, %VR\i, %VR\i
+        .endif
         vpbroadcastd 32*\t+4*\g+16(%rax), XB
         vpmaddubsw XB, W1, PR
         vpaddw  PR, %VR\i, %VR\i
         .endm
 
         .macro  q8s_blk mt, ns                  // q8_0, sign trick
-        grp_blk \mt, \ns, zero_i, 8, q8s_w, q8s_tok, , 34
+        grp_blk \mt, \ns, no_init, 8, q8s_w, q8s_tok, , 34
         .endm
         .macro  q8v_blk mt, ns                  // q8_0, VNNI
         grp_blk \mt, \ns, corr_i, 8, q8v_w, q8v_tok, , 34
         .endm
         .macro  q4m_blk mt, ns                  // q4_0, vpmaddubsw
-        grp_blk \mt, \ns, zero_i, 4, nibbles, q4m_tok, q4m_fin
+        grp_blk \mt, \ns, no_init, 4, nibbles, q4m_tok, q4m_fin
         .endm
         .macro  q4v_blk mt, ns                  // q4_0, VNNI
         grp_blk \mt, \ns, corr_i, 4, nibbles, q4v_tok
