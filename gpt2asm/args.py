@@ -92,9 +92,24 @@ def tiny_value_rule(temperature: float, repetition_penalty: float) -> tuple[floa
     - repetition_penalty in (0, MIN_REPETITION_PENALTY) is an InvalidArgumentError (no limit makes sense).
     Logits up to 3e34 in magnitude stay finite after either division at the smallest accepted value."""
     if 0.0 < repetition_penalty < MIN_REPETITION_PENALTY:
-        raise InvalidArgumentError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, 100] "
-                                   f"(1 = off), got {shown(repetition_penalty)}")
+        raise _penalty_error(repetition_penalty)
     return (0.0 if temperature < MIN_TEMPERATURE else temperature), repetition_penalty
+
+
+def _penalty_error(v) -> InvalidArgumentError:
+    """The one message of an out-of-range repetition_penalty (0, tiny, negative, inf, > 100 alike)."""
+    return InvalidArgumentError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, 100] (1 = off), "
+                                f"got {shown(v)}")
+
+
+def _penalty(v) -> float:
+    """repetition_penalty as a number in (0, 100] (tiny_value_rule then refuses (0, MIN_REPETITION_PENALTY))."""
+    try:
+        return number("repetition_penalty", v, 0.0, 100.0, lo_open=True)
+    except InvalidArgumentError as e:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise e from None                   # not a number at all: that message
+        raise _penalty_error(v) from None
 
 
 def sampling(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=None) -> dict:
@@ -104,7 +119,7 @@ def sampling(temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=N
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
     t, r = tiny_value_rule(number("temperature", temperature, 0.0, 100.0),
-                           number("repetition_penalty", repetition_penalty, 0.0, 100.0, lo_open=True))
+                           _penalty(repetition_penalty))
     return dict(temperature=t,
                 top_k=integer("top_k", top_k, 0, MAX_TOP_K),
                 top_p=number("top_p", top_p, 0.0, 1.0, lo_open=True),

@@ -130,8 +130,9 @@ def _check_architecture(d: dict, source: str) -> None:
         problems.append(f"n_inner {shown(n_inner)} is not supported (the MLP must be 4*n_embd wide)")
     if d.get("scale_attn_by_inverse_layer_idx"):
         problems.append("scale_attn_by_inverse_layer_idx=true is not supported")
-    if d.get("scale_attn_weights") is False:
-        problems.append("scale_attn_weights=false is not supported")
+    saw = d.get("scale_attn_weights", True)
+    if saw is not True:                 # false, 0, null: unscaled attention (older transformers took any falsy value)
+        problems.append(f"scale_attn_weights {shown(saw)} is not supported (attention is scaled by 1/sqrt(64))")
     if d.get("add_cross_attention"):
         problems.append("add_cross_attention=true is not supported")
     arch = d.get("architectures")

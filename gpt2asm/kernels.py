@@ -398,12 +398,9 @@ def matmul_variant(family: str, dtype: str) -> str | None:
     $GPT2ASM_F16_ZEN4 / $GPT2ASM_F32_ZEN4 = 1 / 0 forces / forbids it.  Every variant gives the same bits."""
     if family != "avx512":
         return None
-    force = os.environ.get(f"GPT2ASM_{dtype.upper()}_ZEN4", "")
-    if force == "":
-        from .q0kernels import is_zen4
-        zen4 = is_zen4()
-    else:
-        zen4 = force != "0"
+    from .q0kernels import env_switch, is_zen4
+    force = env_switch(f"GPT2ASM_{dtype.upper()}_ZEN4")
+    zen4 = is_zen4() if force is None else force
     return "avx512_zen4" if zen4 else None
 
 

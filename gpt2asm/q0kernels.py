@@ -43,6 +43,18 @@ def q0_features() -> dict[str, bool]:
             "avx_vnni": eax7 >= 1 and bool(cpuid(7, 1)[0] >> 4 & 1)}
 
 
+def env_switch(name: str) -> bool | None:
+    """A 1 / 0 override switch from the environment: True for "1", False for "0", None when unset or empty
+    (the CPU decides).  Anything else is an InvalidArgumentError naming the variable (it used to count as
+    "1" silently)."""
+    v = os.environ.get(name, "").strip()
+    if v == "":
+        return None
+    if v not in ("0", "1"):
+        raise InvalidArgumentError(f"${name} must be 1 (force), 0 (forbid) or unset, got {v!r}")
+    return v == "1"
+
+
 def q0_variant(family: str, plain: bool | None = None) -> str:
     """The q0 kernel variant for a kernel family: its VNNI variant where the CPU has it, else the plain
     one (plain=True, or $GPT2ASM_Q0_PLAIN=1, forces the plain one).  The avx512 variants need AVX512BW
@@ -50,7 +62,7 @@ def q0_variant(family: str, plain: bool | None = None) -> str:
     if family not in Q0_VARIANTS:
         raise KernelUnavailableError(f"no q8_0 / q4_0 kernels for the {shown(family)} family yet")
     if plain is None:
-        plain = os.environ.get("GPT2ASM_Q0_PLAIN", "") not in ("", "0")
+        plain = bool(env_switch("GPT2ASM_Q0_PLAIN"))
     f = q0_features()
     if family == "avx512" and not f["avx512bw"]:
         family = "avx2"
@@ -81,8 +93,8 @@ def mv_variant(variant: str) -> str:
     itself.  $GPT2ASM_Q0_ZEN4=1 / 0 forces / forbids the Zen 4 tuning (bits are the same)."""
     if variant not in Q0_MV_ZEN4:
         return variant
-    force = os.environ.get("GPT2ASM_Q0_ZEN4", "")
-    zen4 = is_zen4() if force == "" else force != "0"
+    force = env_switch("GPT2ASM_Q0_ZEN4")
+    zen4 = is_zen4() if force is None else force
     return variant + "_zen4" if zen4 else variant
 
 

@@ -413,3 +413,45 @@ def test_tools_bad_arguments_are_one_line(micro, tmp_path):
                  ["tools/make_gguf.py", "--model", str(micro), "--out", str(tmp_path)]):
         r = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr, (args, r.stderr)
+
+
+# -- hostile round 8 ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [False, 0, None, "yes", 1])
+def test_unscaled_attention_configs_are_refused(value):
+    """scale_attn_weights anything but true (or absent) is refused: 0 / null were accepted and computed the
+    scaled attention, where transformers before v5 took any falsy value as "unscaled"."""
+    from gpt2asm.config import GPT2Config
+    base = dict(n_embd=128, n_layer=2, n_head=2, n_positions=64, vocab_size=300)
+    assert GPT2Config.from_dict(base).n_embd == 128
+    assert GPT2Config.from_dict({**base, "scale_attn_weights": True}).n_embd == 128
+    with pytest.raises(CheckpointError, match="scale_attn_weights"):
+        GPT2Config.from_dict({**base, "scale_attn_weights": value})
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 9.9e-5, -1, 100.5, float("inf"), float("nan"), 10 ** 400])
+def test_one_range_message_for_the_repetition_penalty(value):
+    from gpt2asm.args import sampling
+    with pytest.raises(InvalidArgumentError) as e:
+        sampling(repetition_penalty=value, seed=1)
+    assert "repetition_penalty must be in [0.0001, 100] (1 = off)" in str(e.value)
+    with pytest.raises(InvalidArgumentError, match="must be a number"):
+        sampling(repetition_penalty="1", seed=1)
+
+
+@pytest.mark.parametrize("var", ["GPT2ASM_Q0_ZEN4", "GPT2ASM_F32_ZEN4", "GPT2ASM_F16_ZEN4", "GPT2ASM_Q0_PLAIN"])
+def test_override_switches_refuse_garbage(var, monkeypatch):
+    """The 1 / 0 override switches: garbage is a typed error naming the variable (it counted as 1)."""
+    from gpt2asm.kernels import matmul_variant
+    from gpt2asm.q0kernels import env_switch, mv_variant, q0_variant
+    use = {"GPT2ASM_Q0_ZEN4": lambda: mv_variant("avx512vnni"),
+           "GPT2ASM_F32_ZEN4": lambda: matmul_variant("avx512", "f32"),
+           "GPT2ASM_F16_ZEN4": lambda: matmul_variant("avx512", "f16"),
+           "GPT2ASM_Q0_PLAIN": lambda: q0_variant("avx2")}[var]
+    for v, want in (("1", True), ("0", False), ("", None), (" 1 ", True)):
+        monkeypatch.setenv(var, v)
+        assert env_switch(var) is want
+        use()
+    monkeypatch.setenv(var, "garbage")
+    with pytest.raises(InvalidArgumentError, match=var):
+        use()
