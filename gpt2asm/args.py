@@ -43,12 +43,12 @@ def integer(name: str, v, lo: int, hi: int | None = None) -> int:
     if isinstance(v, (bool, np.bool_)):
         raise InvalidArgumentError(f"{name} must be an integer, got {shown(v)}")
     try:
-        v = operator.index(v)
+        n = operator.index(v)
     except TypeError:
         raise InvalidArgumentError(f"{name} must be an integer, got {type(v).__name__} {shown(v)}") from None
-    if v < lo or (hi is not None and v > hi):
+    if n < lo or (hi is not None and n > hi):
         raise InvalidArgumentError(f"{name} must be in {lo}..{hi if hi is not None else '∞'}, got {shown(v)}")
-    return v
+    return n
 
 
 def number(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:

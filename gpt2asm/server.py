@@ -58,6 +58,7 @@ MAX_CHOICES = 1024                     # prompts x n per request
 MAX_LOGPROBS = 20
 MAX_SCORED = 65536                     # prompt tokens an echo + logprobs request returns, each choice its
                                        # prompt's (prompt tokens x n; its response: ~45 MB)
+REQUEST_TIMEOUT = 30.0                 # seconds for a request to arrive whole from its first byte (--request-timeout)
 ACCEPTED_NOOPS = {"user", "stream_options", "suffix", "presence_penalty", "frequency_penalty", "best_of",
                   "logit_bias"}
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream",
@@ -77,11 +78,17 @@ def error_body(status: int, message: str, type_: str, param=None, code=None) -> 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def http_protocol():
-    """uvicorn's h11 protocol class, except that a request it cannot parse (a bad chunked body, a
-    Content-Length of -5, a header past h11's limit) gets the OpenAI JSON error of every other 400 rather
-    than uvicorn's plain text; "h11" (uvicorn's own) where that class or its send_400_response is not
-    there to override."""
+def http_protocol(request_timeout: float = REQUEST_TIMEOUT):
+    """uvicorn's h11 protocol class, except that
+    - a request it cannot parse (a bad chunked body, a Content-Length of -5, a header past h11's limit) gets
+      the OpenAI JSON error of every other 400 rather than uvicorn's plain text;
+    - a request must arrive whole (headers and body) within request_timeout seconds of its first byte: a
+      client that sends part of one and stalls, or trickles it (slowloris), gets 408 (headers incomplete)
+      or is disconnected (body incomplete: the endpoint sees the client gone), instead of holding its
+      connection and descriptor for ever;
+    - on shutdown a request still arriving is dropped at once (it has not started), so the drain waits
+      only for requests the server is working on.
+    "h11" (uvicorn's own) where that class or the methods overridden are not there."""
     try:
         import h11
         from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -91,6 +98,8 @@ def http_protocol():
         return "h11"
 
     class JSONErrorH11Protocol(H11Protocol):
+        request_deadline: asyncio.TimerHandle | None = None
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             # uvicorn arms its keep-alive timer only after a response: a connection that never sends a
@@ -99,21 +108,91 @@ def http_protocol():
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                                     self.timeout_keep_alive_handler)
 
-        def send_400_response(self, msg: str) -> None:
-            body = json.dumps(error_body(400, f"malformed HTTP request: {msg}", "invalid_request_error")).encode()
+        def _arriving(self) -> bool:
+            """A request has begun to arrive and is not whole yet: part of its headers, or its body."""
+            their = self.conn.their_state
+            return their is h11.SEND_BODY or (their is h11.IDLE and bool(self.conn.trailing_data[0]))
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._arriving():
+                if self.request_deadline is None:               # the request's first bytes: its clock starts
+                    self.request_deadline = self.loop.call_later(request_timeout, self.request_too_slow)
+            elif self.request_deadline is not None:
+                self.request_deadline.cancel()                  # whole (or none pending)
+                self.request_deadline = None
+
+        def request_too_slow(self) -> None:
+            self.request_deadline = None
+            if self.transport.is_closing() or not self._arriving():
+                return
+            if self.conn.their_state is h11.IDLE:               # still in its headers: say so, then close
+                self.send_error_response(408, f"the request did not arrive within {request_timeout:g} s")
+            else:                                               # in its body: the endpoint sees a disconnect
+                self._drop_cycle()
+
+        def _drop_cycle(self) -> None:
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.disconnected = True
+                self.cycle.message_event.set()
+            self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            if self.request_deadline is not None:
+                self.request_deadline.cancel()
+                self.request_deadline = None
+            super().connection_lost(exc)
+
+        def shutdown(self) -> None:
+            if self.conn.their_state is h11.SEND_BODY:          # a body still arriving: nothing started yet
+                self._drop_cycle()
+            else:
+                super().shutdown()
+
+        def send_error_response(self, status: int, message: str) -> None:
+            body = json.dumps(error_body(status, message, "invalid_request_error")).encode()
             headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                        (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                          h11.Data(data=body), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+            reason = {400: b"Bad Request", 408: b"Request Timeout"}[status]
+            try:
+                for event in (h11.Response(status_code=status, headers=headers, reason=reason),
+                              h11.Data(data=body), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event))
+            except h11.LocalProtocolError:                     # (our side cannot answer now: just close)
+                pass
             self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            self.send_error_response(400, f"malformed HTTP request: {msg}")
+    for name in ("shutdown", "connection_lost", "data_received", "timeout_keep_alive_handler"):
+        if not callable(getattr(H11Protocol, name, None)):
+            return "h11"
     return JSONErrorH11Protocol
 
 
-def uvicorn_config(app, **kw):
+def uvicorn_config(app, request_timeout: float = REQUEST_TIMEOUT, **kw):
     """The uvicorn.Config gpt2asm serves with (main, and the tests' in-process servers)."""
     import uvicorn
-    return uvicorn.Config(app, http=http_protocol(), **kw)
+    return uvicorn.Config(absolute_form(app), http=http_protocol(request_timeout), **kw)
+
+
+def absolute_form(app):
+    """app, answering a request whose target is in absolute form (`GET http://host/health HTTP/1.1`, which
+    RFC 9112 says a server must accept) as the same request for its path."""
+    async def wrapped(scope, receive, send):
+        if scope.get("type") == "http":
+            path = scope.get("path", "")
+            low = path[:8].lower()
+            if low.startswith("http://") or low.startswith("https://"):
+                rest = path.split("://", 1)[1]
+                cut = rest.find("/")
+                new = rest[cut:] if cut >= 0 else "/"
+                raw = scope.get("raw_path") or b""
+                rcut = raw.split(b"://", 1)[1].find(b"/") if b"://" in raw else -1
+                scope = dict(scope, path=new,
+                             raw_path=raw.split(b"://", 1)[1][rcut:] if rcut >= 0 else new.encode())
+        await app(scope, receive, send)
+    return wrapped
 
 
 OUT_OF_RESOURCE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -208,12 +287,22 @@ def make_server(config, state: "App | None" = None):
     return Server(config)
 
 
+class _HugeInt(int):
+    """A JSON integer of 4000 digits or more (Python refuses to parse past 4300): a value of its sign beyond
+    every field's range, shown by its size, so the field's check refuses it by name ("max_tokens must be in
+    1..1024, got <an integer of 5000 digits>"; it was "must be an integer, got float inf")."""
+    digits = 0
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
 def _json_int(s: str):
-    """A JSON integer; one past Python's int-parsing limit (4300 digits) is an infinity of its sign, which
-    the argument checks then refuse by name (not "the body is not valid JSON")."""
     if len(s) < 4000:
         return int(s)
-    return -math.inf if s.startswith("-") else math.inf
+    v = _HugeInt(-(1 << 16384) if s.startswith("-") else 1 << 16384)
+    v.digits = len(s.lstrip("-"))
+    return v
 
 
 def _json_safe(x):
@@ -524,11 +613,17 @@ def create_app(state: App):
         n = request.headers.get("content-length")
         if n is not None and (not n.isdigit() or len(n) > 18 or int(n) > MAX_BODY):
             raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
-        raw = b""
+        raw, size = b"", 0
         async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:                   # (chunked: no length said so first) drop the rest as it comes,
+                if size > 8 * MAX_BODY:           # so the client reads the 413 instead of a reset; it has
+                    break                         # the request deadline to finish sending
+                raw = b""
+                continue
             raw += chunk
-            if len(raw) > MAX_BODY:
-                raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
+        if size > MAX_BODY:
+            raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
         try:
             return json.loads(raw, parse_int=_json_int)
         except (ValueError, RecursionError):
@@ -576,18 +671,28 @@ def create_app(state: App):
         state.metrics.requests.labels("metrics", "200").inc()
         return Response(state.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def check_model(body) -> None:
+        if isinstance(body, dict) and body.get("model") not in (None, state.model_id):
+            raise APIError(404, f"the model {shown(body['model'])} does not exist; this server serves "
+                                f"{state.model_id!r}", param="model", code="model_not_found")
+
     @endpoint("tokenize")
     async def tokenize(request):
         body = await read_json(request)
+        check_model(body)
         p = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
         if not isinstance(p, str):
             raise APIError(400, "tokenize takes {\"prompt\": string}", param="prompt")
-        ids = await off_loop(state.m.encode, p)
+        try:
+            ids = await off_loop(state.m.encode, p)
+        except GPT2AsmError as e:
+            raise APIError(400, str(e), param="prompt") from None
         return ok({"tokens": ids, "count": len(ids), "max_model_len": state.m.n_ctx}, "tokenize")
 
     @endpoint("detokenize")
     async def detokenize(request):
         body = await read_json(request)
+        check_model(body)
         ids = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(ids, list):
             raise APIError(400, "detokenize takes {\"tokens\": [token ids]}", param="tokens")
@@ -730,8 +835,10 @@ def create_app(state: App):
               Route("/metrics", metrics, methods=["GET"]), Route("/tokenize", tokenize, methods=["POST"]),
               Route("/detokenize", detokenize, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"])]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: not_found, Exception: internal})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: not_found, Exception: internal})
+    app.router.redirect_slashes = False          # /v1/completions/ is a 404 like any other unknown route
+    return app
 
 
 class Choice:
@@ -842,6 +949,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--name", default=None, help="the model id the API reports (default: the model's name)")
     ap.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                     help="on SIGTERM, seconds in-flight requests may finish before they are ended (default 30)")
+    ap.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT, metavar="S",
+                    help=f"seconds a request may take to arrive whole, headers and body, from its first byte "
+                         f"(default {REQUEST_TIMEOUT:g}): slower ones get 408 or are dropped")
     ap.add_argument("--offline", action="store_true", help="never download the model")
     ap.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return ap
@@ -876,6 +986,10 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
         say(f"gpt2asm serve: error: --drain-timeout must be a finite number of seconds >= 0, got "
             f"{args.drain_timeout}")
         return 2
+    if not (args.request_timeout > 0 and math.isfinite(args.request_timeout)):
+        say(f"gpt2asm serve: error: --request-timeout must be a finite number of seconds > 0, got "
+            f"{args.request_timeout}")
+        return 2
     if args.api_key == "":                               # an empty key would be no key: say so, not serve open
         say("gpt2asm serve: error: the API key (--api-key or $GPT2ASM_API_KEY) is empty: give a key, or unset "
             "GPT2ASM_API_KEY to serve without one")
@@ -903,7 +1017,8 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> in
 
     state = App(loader, name, args.api_key, args.max_batch, args.max_queue, args.prefill_chunk, args.drain_timeout)
     app = create_app(state)
-    config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+    config = uvicorn_config(app, args.request_timeout, host=args.host, port=args.port, log_level=args.log_level,
+                            lifespan="on",
                             timeout_graceful_shutdown=args.drain_timeout + 5, access_log=False)
 
     server = make_server(config, state)

@@ -39,13 +39,14 @@ from gpt2asm.server import App, create_app, make_server, uvicorn_config  # noqa:
 class Running:
     """A server in a thread of this process: its App state, base URL, and stop()."""
 
-    def __init__(self, ckpt, loader=None, **kw):
+    def __init__(self, ckpt, loader=None, request_timeout: float = 30.0, **kw):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = App(loader or (lambda: GPT2.load(ckpt)), "tiny", **kw)
-        self.server = make_server(uvicorn_config(create_app(self.state), log_level="warning", lifespan="on"))
+        self.server = make_server(uvicorn_config(create_app(self.state), request_timeout, log_level="warning",
+                                                 lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[self.sock]), daemon=True)
         self.thread.start()
         t0 = time.monotonic()
@@ -699,3 +700,126 @@ def test_a_failure_mid_stream_ends_the_stream_in_json(srv, monkeypatch):
     assert json.loads(events[-2])["error"]["type"] == "server_error"
     assert "a bug" not in text and "Traceback" not in text
     assert http(srv.url + "/health")[0] == 200
+
+
+# -- hostile round 8: slow and odd clients --------------------------------------------------------------
+
+def exchange(port: int, data: bytes, limit: float = 30, trickle: bytes = b"") -> tuple[bytes, float]:
+    """(what the server sent until it closed, seconds it took) for a connection that sends data, then
+    nothing (or `trickle`, a byte every 0.5 s)."""
+    got = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5 if trickle else limit) as c:
+        c.sendall(data)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < limit:
+            try:
+                chunk = c.recv(65536)
+            except socket.timeout:
+                c.sendall(trickle[:1])
+                continue
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            got += chunk
+        return got, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def slow_srv(ckpt_tiny):
+    s = Running(ckpt_tiny, request_timeout=1.5).wait_loaded()
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("data, trickle, answer", [
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"", b"408"),                       # headers, then silence
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n", b"X", b"408"),                                # headers trickled
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", b"", b""),  # a body, silence
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", b" ", b""),  # trickled
+    (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", b"", b""),  # no chunks
+])
+def test_a_request_must_arrive_within_the_request_timeout(slow_srv, data, trickle, answer):
+    """Slowloris: a request that stalls or trickles was held for ever (one byte per connection locked the
+    server out at its descriptor limit).  Now it has --request-timeout from its first byte: headers not
+    whole -> a JSON 408; a body not whole -> the connection is dropped (the endpoint sees it gone)."""
+    got, took = exchange(slow_srv.port, data, trickle=trickle)
+    assert 1.0 < took < 10, took
+    if answer:
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), got[:200]
+        err((408, json.loads(body)), 408)
+    else:
+        assert got == b"", got[:200]
+    assert http(slow_srv.url + "/health")[0] == 200
+    assert http(slow_srv.url + "/v1/completions", {"prompt": "a", "max_tokens": 2})[0] == 200
+
+
+def test_a_whole_request_is_not_timed(slow_srv):
+    """The deadline is for a request's arrival only: a generation longer than it streams on."""
+    c = slow_srv.client()
+    text = "".join(ch.choices[0].text for ch in c.completions.create(model="tiny", prompt="a", max_tokens=200,
+                                                                      temperature=0, stream=True))
+    assert len(text) > 0
+
+
+def test_sigterm_drops_requests_still_arriving(ckpt_tiny):
+    """SIGTERM with connections whose bodies are still arriving: they are dropped at once (nothing has
+    started), so the server exits promptly, status 0, without waiting for them or logging tracebacks."""
+    p, url = serve_process(ckpt_tiny, "--drain-timeout", "2")
+    socks = []
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+            socks.append(s)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        for s in socks:
+            s.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = p.stdout.read()
+    assert "Traceback" not in out and "Exception in ASGI" not in out, out
+
+
+def raw_exchange(port: int, data: bytes) -> tuple[int, dict | str]:
+    got, _ = exchange(port, data)
+    head, _, body = got.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body.decode(errors="replace")
+
+
+def test_odd_requests_round_8(srv):
+    u = srv.url
+    # an integer of thousands of digits: out of range, said so (was "must be an integer, got float inf")
+    for name, digits in (("max_tokens", b"9" * 5000), ("seed", b"-" + b"9" * 5000), ("temperature", b"9" * 4500)):
+        status, body = http(u + "/v1/completions", raw=b'{"prompt": "a", "%s": %s}' % (name.encode(), digits))
+        err((status, body), 400, name)
+        assert f"{len(digits.lstrip(b'-'))} digits" in body["error"]["message"], body
+    # /tokenize and /detokenize check "model" as /v1/completions does
+    err(http(u + "/tokenize", {"prompt": "a", "model": "x"}), 404, "model", "model_not_found")
+    err(http(u + "/detokenize", {"tokens": [1], "model": "x"}), 404, "model", "model_not_found")
+    assert http(u + "/tokenize", {"prompt": "a", "model": "tiny"})[0] == 200
+    # a lone surrogate in /tokenize names the prompt (as /v1/completions does)
+    err(http(u + "/tokenize", raw=b'{"prompt": "a\\ud800"}'), 400, "prompt")
+    # a trailing slash is an unknown route (was a 307 redirect)
+    assert http(u + "/v1/completions/", {"prompt": "a"})[0] == 404
+    # an absolute-form target (RFC 9112: a server must accept it) is its path
+    status, body = raw_exchange(srv.port, b"GET http://elsewhere/health HTTP/1.1\r\nHost: x\r\n"
+                                          b"Connection: close\r\n\r\n")
+    assert status == 200 and body == {"status": "ok"}
+    # a chunked body past the limit gets the 413 (was a connection reset)
+    big = b"".join(b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20)) for _ in range(9)) + b"0\r\n\r\n"
+    status, body = raw_exchange(srv.port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                                          b"Connection: close\r\n\r\n" + big)
+    err((status, body), 413)
