@@ -55,6 +55,10 @@ class QueueFullError(GPT2AsmError):
     """The scheduler's waiting queue is full (the server answers 429)."""
 
 
+class RequestTooLargeError(InvalidArgumentError):
+    """The request can never be admitted, whatever else runs (the server answers 400, not 429)."""
+
+
 class SchedulerClosedError(GPT2AsmError):
     """The scheduler is draining or closed and takes no new requests (the server answers 503)."""
 
@@ -195,6 +199,7 @@ class Scheduler:
         from .engine import _TextStream
         if not isinstance(specs, (list, tuple)) or not specs or not all(isinstance(s, SeqSpec) for s in specs):
             raise InvalidArgumentError("submit() takes a non-empty list of SeqSpec")
+        self.check_admissible(len(specs))
         resolved = [self.resolve_spec(self.m, s) for s in specs]
         req = Request(len(specs), callback)
         seqs = [_Seq(req, i, ids, n, sampler, stop, lp, _TextStream(stop))
@@ -214,6 +219,16 @@ class Scheduler:
             self._requests.add(req)
             self._wake.notify()
         return req
+
+    def check_admissible(self, n: int) -> None:
+        """RequestTooLargeError if a request of n sequences could never start.  A request takes the free
+        slots and waits in the queue for the rest, so any size is admitted once the queue has room --
+        except with max_queue 0, where nothing may wait: then more than max_batch sequences never fit (429
+        "queue full" would have the client retry for ever)."""
+        if self.max_queue == 0 and n > self.max_batch:
+            raise RequestTooLargeError(f"this request has {n} sequences (prompts x n) but the server decodes "
+                                       f"at most {self.max_batch} at once and queues none (--max-queue 0), so "
+                                       f"it could never start: send at most {self.max_batch}")
 
     def _queued_beyond_slots(self, n: int) -> int:
         """Requests (with one of n sequences appended) that would wait for a slot at the next step: the

@@ -14,16 +14,21 @@ of GPT2.generate run alone).  Endpoints:
                            seed s + j (batch.py), so GPT2.generate(prompt_i, seed=s + j) reproduces it.
     GET  /v1/models        the one model served
     GET  /health           200 {"status": "ok"}, 503 while loading or shutting down
-    POST /tokenize         {"prompt": str} -> {"tokens", "count", "max_model_len"}
-    POST /detokenize       {"tokens": [int]} -> {"prompt": str}
+    POST /tokenize         {"prompt": str} -> {"tokens", "count", "max_model_len"} (MAX_TOKENIZE characters)
+    POST /detokenize       {"tokens": [int]} -> {"prompt": str} (MAX_TOKENIZE ids)
     GET  /metrics          Prometheus text: requests, tokens, batch occupancy, queue depth, TTFT and
                            inter-token latency histograms
 
 Errors are OpenAI's JSON ({"error": {"message", "type", "param", "code"}}): 400 bad argument, context
-overflow or a request uvicorn's HTTP parser refuses (http_protocol), 401 bad API key (compared with hmac.compare_digest), 404 unknown model or route, 429 queue full,
-503 loading or shutting down, 500 with no detail (never a traceback).  A client that disconnects frees its
-slots at the next step.  SIGTERM / SIGINT: new requests get 503, those in flight finish (until
---drain-timeout, then they end with finish_reason "shutdown"), exit status 0.  Connections: the open-files
+overflow or a request uvicorn's HTTP parser refuses (http_protocol), 401 bad API key (compared with hmac.compare_digest), 404 unknown model or route, 413 a body over MAX_BODY
+or a /tokenize prompt over MAX_TOKENIZE, 429 queue full or tokenizer backlog full (Workers), 503 loading or
+shutting down, 500 with no detail (never a traceback); a request that could never start (more sequences
+than --max-batch with --max-queue 0) is a 400.  Tokenizing never runs on the event loop, and tokenizer
+requests, long prompts and short ones each have threads of their own (MAX_TOKENIZE).  With a stop string,
+logprobs and usage count the tokens whose text is at least partly in the text returned (Choice).  A client
+that disconnects frees its slots at the next step.  SIGTERM / SIGINT: new requests get 503, those in flight
+finish (until --drain-timeout, then they end with finish_reason "shutdown"), exit status 0; a second signal
+ends the drain at once the same way (not uvicorn's force-quit).  Connections: the open-files
 soft limit is raised to the hard one, a connection that sends nothing closes after the keep-alive timeout,
 and out of descriptors the server pauses accepting with one log line (Listener, loop_exception_handler).
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import codecs
+import concurrent.futures
 import contextlib
 import errno
 import hmac
@@ -44,6 +50,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 
 from .args import integer, sampling as check_sampling
 from .errors import (ContextOverflowError, GPT2AsmError, InvalidArgumentError, NonFiniteLogitsError,
@@ -59,6 +66,16 @@ MAX_LOGPROBS = 20
 MAX_SCORED = 65536                     # prompt tokens an echo + logprobs request returns, each choice its
                                        # prompt's (prompt tokens x n; its response: ~45 MB)
 REQUEST_TIMEOUT = 30.0                 # seconds for a request to arrive whole from its first byte (--request-timeout)
+# Request work that is CPU-heavy and holds the GIL (BPE in Python: ~2 s for 1 M characters of one unbroken
+# word, 0.1 s of prose) runs on worker threads of its own kind, so no kind can take the threads another
+# needs (Workers): /tokenize and /detokenize on one thread (more would only share the GIL) with at most
+# TOKENIZER_BACKLOG requests in progress or waiting (429 past it); a completion's parsing on PARSE_THREADS
+# threads, one whose prompts exceed LIGHT_PROMPT characters or ids on a thread of its own, so a small
+# completion never waits behind big prompts.
+MAX_TOKENIZE = 1 << 20                 # characters of a /tokenize prompt, ids of a /detokenize list (413 past it)
+TOKENIZER_BACKLOG = 16                 # /tokenize + /detokenize requests in progress or waiting
+PARSE_THREADS = 2
+LIGHT_PROMPT = 1 << 16                 # prompt characters (or token ids) of a request parsed with the light ones
 ACCEPTED_NOOPS = {"user", "stream_options", "suffix", "presence_penalty", "frequency_penalty", "best_of",
                   "logit_bias"}
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream",
@@ -280,6 +297,13 @@ def make_server(config, state: "App | None" = None):
             await super().serve(sockets=None if sockets is None else [listener(s) for s in sockets])
 
         def handle_exit(self, sig, frame):
+            if self.should_exit:
+                # A later signal during the drain.  uvicorn's own answer to a second SIGINT is force_exit:
+                # open streams cut without a finish_reason and a CancelledError traceback per task.  Here
+                # it ends the drain early instead: the streams finish with 'shutdown' and [DONE], exit 0.
+                if state is not None:
+                    state.end_now()
+                return
             if state is not None:
                 state.begin_shutdown()
             super().handle_exit(sig, frame)
@@ -332,6 +356,29 @@ def _bool(name):
     return check
 
 
+def encode_prompt(m, p) -> list[int]:
+    """One prompt (a string or token ids) as checked token ids.  A prompt longer than the context is refused
+    as soon as that is known -- a string of more than n_ctx tokens' worth of characters untokenized -- so a
+    request's parsing does at most about one context's worth of tokenizing it cannot use."""
+    n_ctx, most = m.n_ctx, max_token_chars(m.tokenizer)
+    if isinstance(p, str) and len(p) > n_ctx * most:
+        _overflow(m, f"a prompt of {len(p)} characters is at least {-(-len(p) // most)} tokens")
+    if not isinstance(p, str) and len(p) > n_ctx:
+        _overflow(m, f"a prompt has {len(p)} tokens")
+    try:
+        ids = m.encode(p) if isinstance(p, str) else m.check_ids(p)
+    except GPT2AsmError as e:
+        raise APIError(400, str(e), param="prompt") from None
+    if len(ids) > n_ctx:
+        _overflow(m, f"a prompt has {len(ids)} tokens")
+    return ids
+
+
+def _overflow(m, what: str):
+    raise APIError(400, f"This model's maximum context length is {m.n_ctx} tokens; {what}", param="prompt",
+                   code="context_length_exceeded")
+
+
 def parse_completion(m, body: dict, model_id: str) -> dict:
     """The request body checked: prompts as token id lists, every sample's SeqSpec, flags."""
     from .batch import specs
@@ -366,16 +413,13 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
     else:
         raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
                             "token id lists", param="prompt")
-    try:
-        id_lists = [m.encode(p) if isinstance(p, str) else m.check_ids(p) for p in id_lists]
-    except GPT2AsmError as e:
-        raise APIError(400, str(e), param="prompt") from None
     max_tokens = _arg(body, "max_tokens", 16, lambda v: integer("max_tokens", v, 0, 1 << 30))
     n = _arg(body, "n", 1, lambda v: integer("n", v, 1, MAX_N))
     if body.get("best_of") not in (None, n):
         raise APIError(400, "best_of must equal n (or be omitted)", param="best_of")
-    if len(id_lists) * n > MAX_CHOICES:
+    if len(id_lists) * n > MAX_CHOICES:                   # (before tokenizing any of them)
         raise APIError(400, f"{len(id_lists)} prompts x n={n} is more than {MAX_CHOICES} choices", param="n")
+    id_lists = [encode_prompt(m, p) for p in id_lists]
     top_k = body.get("top_k")
     sampling = {}
     for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("repetition_penalty", 1.0),
@@ -447,6 +491,67 @@ def prompt_logprobs(m, ids: list[int], k: int) -> tuple[list, list]:
             lps.append(lp)
             tops.append(top)
     return lps, tops
+
+
+class Workers:
+    """Threads of their own for one kind of CPU-heavy request work (tokenizing), off the event loop: a
+    kind that floods its threads or its queue delays only itself.  backlog: jobs in progress or waiting
+    beyond which run() refuses a new one (429) instead of queueing it behind seconds of work."""
+
+    def __init__(self, name: str, threads: int, backlog: int | None = None, what: str = ""):
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self.backlog, self.what = backlog, what or name
+        self.pending = 0                   # jobs submitted and not finished (counted until the thread is done)
+        self._lock = threading.Lock()
+
+    def _done(self, _fut) -> None:
+        with self._lock:
+            self.pending -= 1
+
+    async def run(self, fn, *args):
+        with self._lock:
+            if self.backlog is not None and self.pending >= self.backlog:
+                raise APIError(429, f"the {self.what} is busy ({self.pending} requests in progress or "
+                                    f"waiting); retry later", "rate_limit_exceeded", code="server_busy")
+            self.pending += 1
+        try:
+            fut = self.pool.submit(fn, *args)
+        except RuntimeError:               # shut down (the server is stopping)
+            self._done(None)
+            raise APIError(503, "the server is shutting down", "service_unavailable",
+                           code="shutting_down") from None
+        fut.add_done_callback(self._done)
+        return await asyncio.wrap_future(fut)
+
+    def close(self) -> None:
+        """Drop the jobs still waiting; one in progress finishes on its thread."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+_MAX_TOKEN_CHARS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def max_token_chars(tokenizer) -> int:
+    """The most bytes one token of the tokenizer holds (GPT-2: 128): a text of more than n_ctx times that many
+    characters (each at least one byte) is more than n_ctx tokens, known without tokenizing it."""
+    n = _MAX_TOKEN_CHARS.get(tokenizer)
+    if n is None:
+        n = _MAX_TOKEN_CHARS[tokenizer] = max(len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size))
+    return n
+
+
+def prompt_size(body) -> int:
+    """Characters plus token ids of a completion body's prompts (whatever their shape): how much tokenizing
+    and checking parsing it means, counted without doing it (a list's first MAX_CHOICES + 1 items: more is
+    refused before any is tokenized)."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if isinstance(prompt, str):
+        return len(prompt)
+    if not isinstance(prompt, list):
+        return 0
+    if prompt and not isinstance(prompt[0], (str, list)):
+        return len(prompt)                                  # one prompt of token ids
+    return sum(len(p) if isinstance(p, (str, list)) else 1 for p in prompt[:MAX_CHOICES + 1])
 
 
 class Metrics:
@@ -525,6 +630,11 @@ class App:
         self.metrics = Metrics(lambda: self.sched)
         self.on_load_error = None
         self._closed = threading.Event()
+        self._ending = False
+        # CPU-heavy request work off the event loop, each kind on threads of its own (see MAX_TOKENIZE)
+        self.tokenizer_workers = Workers("gpt2asm-tokenize", 1, TOKENIZER_BACKLOG, "tokenizer")
+        self.parse_workers = Workers("gpt2asm-parse", PARSE_THREADS)
+        self.long_parse_workers = Workers("gpt2asm-parse-long", 1)
 
     # -- life ---------------------------------------------------------------------------------------
 
@@ -553,12 +663,32 @@ class App:
             self.sched.drain()
 
             def cancel_late():
-                if not self._closed.wait(self.drain_timeout) and self.sched is not None:
-                    self.sched.cancel_all("shutdown")
+                if not self._closed.wait(self.drain_timeout):
+                    self._end_all()
             threading.Thread(target=cancel_late, name="gpt2asm-drain", daemon=True).start()
+
+    def _end_all(self) -> None:
+        """Every queued or running sequence ends with 'shutdown' (on a thread of its own: it waits for the
+        driver's step)."""
+        try:
+            self.sched.cancel_all("shutdown")
+        except concurrent.futures.CancelledError:     # close() came first and ended them itself
+            pass
+
+    def end_now(self) -> None:
+        """A second SIGTERM / SIGINT: the drain ends at once -- what is still generating finishes with
+        'shutdown' (its stream with [DONE]), as at the drain timeout.  Never blocks (a signal handler on the
+        event loop calls it)."""
+        self.begin_shutdown()
+        if self._ending or self.sched is None:
+            return
+        self._ending = True
+        threading.Thread(target=self._end_all, name="gpt2asm-end", daemon=True).start()
 
     def close(self) -> None:
         self._closed.set()
+        for w in (self.tokenizer_workers, self.parse_workers, self.long_parse_workers):
+            w.close()
         if self.sched is not None:
             self.sched.close("shutdown")
         if self.m is not None:
@@ -613,13 +743,13 @@ def create_app(state: App):
         n = request.headers.get("content-length")
         if n is not None and (not n.isdigit() or len(n) > 18 or int(n) > MAX_BODY):
             raise APIError(413, f"the request body is larger than {MAX_BODY} bytes")
-        raw, size = b"", 0
+        raw, size = bytearray(), 0                # (bytes += chunk would copy the body once per chunk)
         async for chunk in request.stream():
             size += len(chunk)
             if size > MAX_BODY:                   # (chunked: no length said so first) drop the rest as it comes,
                 if size > 8 * MAX_BODY:           # so the client reads the 413 instead of a reset; it has
                     break                         # the request deadline to finish sending
-                raw = b""
+                raw = bytearray()
                 continue
             raw += chunk
         if size > MAX_BODY:
@@ -629,11 +759,11 @@ def create_app(state: App):
         except (ValueError, RecursionError):
             raise APIError(400, "the request body is not valid JSON") from None
 
-    async def off_loop(fn, *args):
-        """fn(*args) on a worker thread: tokenizing a body of up to MAX_BODY bytes takes seconds (30 s for
-        8 MB of one unbroken word), which on the event loop would stall every other client's stream and
-        /health for as long."""
-        return await asyncio.to_thread(fn, *args)
+    def ok_rendered(body: bytes, endpoint: str) -> Response:
+        """A JSON answer rendered by the worker that computed it (a million token ids take 0.1 s to render:
+        not on the event loop)."""
+        state.metrics.requests.labels(endpoint, "200").inc()
+        return Response(body, media_type="application/json")
 
     def endpoint(name: str, auth: bool = True, needs_model: bool = True):
         def wrap(fn):
@@ -676,6 +806,9 @@ def create_app(state: App):
             raise APIError(404, f"the model {shown(body['model'])} does not exist; this server serves "
                                 f"{state.model_id!r}", param="model", code="model_not_found")
 
+    def render(content) -> bytes:
+        return JSON(content).body
+
     @endpoint("tokenize")
     async def tokenize(request):
         body = await read_json(request)
@@ -683,11 +816,18 @@ def create_app(state: App):
         p = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
         if not isinstance(p, str):
             raise APIError(400, "tokenize takes {\"prompt\": string}", param="prompt")
+        if len(p) > MAX_TOKENIZE:
+            raise APIError(413, f"tokenize takes a prompt of at most {MAX_TOKENIZE} characters, got {len(p)}",
+                           param="prompt", code="prompt_too_long")
+        m = state.m
+
+        def work() -> bytes:
+            ids = m.encode(p)
+            return render({"tokens": ids, "count": len(ids), "max_model_len": m.n_ctx})
         try:
-            ids = await off_loop(state.m.encode, p)
+            return ok_rendered(await state.tokenizer_workers.run(work), "tokenize")
         except GPT2AsmError as e:
             raise APIError(400, str(e), param="prompt") from None
-        return ok({"tokens": ids, "count": len(ids), "max_model_len": state.m.n_ctx}, "tokenize")
 
     @endpoint("detokenize")
     async def detokenize(request):
@@ -696,18 +836,27 @@ def create_app(state: App):
         ids = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(ids, list):
             raise APIError(400, "detokenize takes {\"tokens\": [token ids]}", param="tokens")
+        if len(ids) > MAX_TOKENIZE:
+            raise APIError(413, f"detokenize takes at most {MAX_TOKENIZE} token ids, got {len(ids)}",
+                           param="tokens", code="prompt_too_long")
+        m = state.m
         try:
-            text = await off_loop(state.m.decode, ids)
+            return ok_rendered(await state.tokenizer_workers.run(lambda: render({"prompt": m.decode(ids)})),
+                               "detokenize")
         except GPT2AsmError as e:
             raise APIError(400, str(e), param="tokens") from None
-        return ok({"prompt": text}, "detokenize")
 
     @endpoint("completions")
     async def completions(request):
-        from .scheduler import QueueFullError, SchedulerClosedError
+        from .scheduler import QueueFullError, RequestTooLargeError, SchedulerClosedError
         body = await read_json(request)
-        p = await off_loop(parse_completion, state.m, body, state.model_id)
+        parse = state.parse_workers if prompt_size(body) <= LIGHT_PROMPT else state.long_parse_workers
+        p = await parse.run(parse_completion, state.m, body, state.model_id)
         m, sched = state.m, state.sched
+        try:
+            sched.check_admissible(len(p["specs"]))              # (before any scoring work for it)
+        except RequestTooLargeError as e:
+            raise APIError(400, str(e), param="n", code="too_many_sequences") from None
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         prompt_lp = None
@@ -842,15 +991,28 @@ def create_app(state: App):
 
 
 class Choice:
-    """One choice of a completion as its events arrive: text, tokens, logprobs, finish_reason."""
+    """One choice of a completion as its events arrive: text, tokens, logprobs, finish_reason.
+
+    The tokens it reports (logprobs, usage.completion_tokens) are those whose text is at least partly in
+    the text returned: a token is held until its first character is released (the scheduler holds back
+    text that may begin a stop string, and a piece of a multi-byte character), and those still held when
+    the choice ends -- wholly inside the stop string that ended it -- are dropped.  So "".join(tokens)
+    starts with the text, and text_offset is each token's true place in it."""
 
     def __init__(self, m, index: int, p: dict, prompt_lp):
         self.m, self.index, self.p = m, index, p
         self.prompt = index // p["n"]
         self.text, self.tokens, self.lps, self.tops, self.offs = "", [], [], [], []
         self.finish_reason = self.error = None
-        self.n_tokens = 0
         self.prompt_lp = None if prompt_lp is None else prompt_lp[self.prompt]
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")   # as the scheduler's text
+        self._chars = 0                       # characters of the generated tokens complete so far
+        self._held: list[tuple] = []          # (token, logprob, top, start): text not released yet
+        self._base = len(self._echo_text()) if p["echo"] else 0
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
 
     def _tok(self, t: int) -> str:
         return token_name(self.m.tokenizer.token_bytes(t))
@@ -865,7 +1027,7 @@ class Choice:
     def _prompt_offsets(self) -> list[int]:
         """text_offset of the prompt's tokens in the echoed text: the characters complete before each token
         (a token that starts inside a multi-byte character points at that character), as the generated
-        tokens' offsets count the text streamed before them."""
+        tokens' offsets do."""
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         offs, n = [], 0
         for t in self.p["prompt_ids"][self.prompt]:
@@ -886,24 +1048,30 @@ class Choice:
             lp = self._logprobs(ids, self.prompt_lp[0], self.prompt_lp[1], self._prompt_offsets())
         elif self.p["logprobs"] is not None:
             lp = self._logprobs(ids, [None] * len(ids), [None] * len(ids), self._prompt_offsets())
-        self.echoed = len(self._echo_text())
         return {"index": self.index, "text": self._echo_text(), "logprobs": lp, "finish_reason": None}
 
     def add(self, ev) -> dict | None:
         """Take an event; the stream chunk of this choice for it (None if nothing to send)."""
-        before = len(self.text)
         self.text += ev.text
-        lp = None
         if ev.token is not None:
-            self.n_tokens += 1
-            self.tokens.append(ev.token)
-            self.lps.append(ev.logprob)
-            self.tops.append(ev.top)
-            self.offs.append((len(self._echo_text()) if self.p["echo"] else 0) + before)  # text before it
-            lp = self._logprobs([ev.token], [ev.logprob], [ev.top], self.offs[-1:])
+            self._held.append((ev.token, ev.logprob, ev.top, self._chars))
+            self._chars += len(self._dec.decode(self.m.tokenizer.token_bytes(ev.token)))
+        n = 0
+        while n < len(self._held) and self._held[n][3] < len(self.text):    # its first character is out
+            n += 1
+        out, self._held = self._held[:n], self._held[n:]
+        for tok, lp_, top, start in out:
+            self.tokens.append(tok)
+            self.lps.append(lp_)
+            self.tops.append(top)
+            self.offs.append(self._base + start)
         if ev.finish_reason is not None:
             self.finish_reason = ev.finish_reason
             self.error = ev.error if ev.finish_reason == "error" else None
+            self._held = []                   # all in the stop string (or never shown): not reported
+        lp = None
+        if out:
+            lp = self._logprobs([o[0] for o in out], [o[1] for o in out], [o[2] for o in out], self.offs[-n:])
         if not ev.text and lp is None and ev.finish_reason is None:
             return None
         return {"index": self.index, "text": ev.text, "logprobs": lp, "finish_reason": ev.finish_reason}

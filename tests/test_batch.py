@@ -16,7 +16,8 @@ import pytest
 from arm64_qemu import qemu_config
 from gpt2asm import GPT2, ContextOverflowError, InvalidArgumentError
 from gpt2asm.sampler import Sampler
-from gpt2asm.scheduler import QueueFullError, SchedulerClosedError, Scheduler, SeqSpec, sample_seed
+from gpt2asm.scheduler import (QueueFullError, RequestTooLargeError, SchedulerClosedError, Scheduler, SeqSpec,
+                               sample_seed)
 
 
 def sha(a: np.ndarray) -> str:
@@ -192,6 +193,25 @@ def test_threaded_scheduler_queue_and_close(ckpt_tiny):
         late = [calls.call(lambda: order.append("late")) for _ in range(3)]
         calls.close()                                                # every queued call cancelled
         assert all(f.cancelled() for f in late) and order == ["first", 0, 2]
+
+
+def test_a_request_that_can_never_start_is_refused(ckpt_tiny):
+    """With max_queue 0 nothing may wait, so a request of more sequences than max_batch can never start:
+    RequestTooLargeError (the server's 400), not QueueFullError (429, retried for ever).  With a queue it is
+    admitted in part and the rest waits for slots."""
+    with GPT2.load(ckpt_tiny) as m:
+        none = Scheduler(m, max_batch=2, max_queue=0)
+        with pytest.raises(RequestTooLargeError, match="could never start"):
+            none.submit([SeqSpec([1], 2)] * 3)
+        none.submit([SeqSpec([1], 2)] * 2)                           # fits the slots
+        with pytest.raises(QueueFullError):                          # busy now: a retry may succeed
+            none.submit([SeqSpec([2], 2)])
+        none.close()
+        one = Scheduler(m, max_batch=2, max_queue=1)
+        r = one.submit([SeqSpec([1], 2, dict(temperature=0))] * 3)
+        one.run()
+        assert r.done and [e.finish_reason for e in r.events(timeout=0) if e.finish_reason] == ["length"] * 3
+        one.close()
 
 
 def test_api_lists_and_samples(ckpt_tiny):

@@ -384,6 +384,10 @@ def test_api_key_loading_queue_and_shutdown(ckpt_tiny):
         next(it)
         err(http(s.url + "/v1/completions", {"prompt": "Hi"}, headers={"Authorization": "Bearer s3cret"}), 429,
             code="queue_full")
+        # more sequences than the one slot, and no queue: it could never start, a 400 (was 429 for ever)
+        for body in ({"prompt": "Hi", "n": 2}, {"prompt": ["Hi", "Ho"]}):
+            err(http(s.url + "/v1/completions", body, headers={"Authorization": "Bearer s3cret"}), 400, "n",
+                "too_many_sequences")
         with pytest.raises(openai.RateLimitError):
             good.completions.create(model="tiny", prompt="Hi", max_tokens=1)
         stream.close()                                                          # disconnect: slot freed
@@ -823,3 +827,138 @@ def test_odd_requests_round_8(srv):
     status, body = raw_exchange(srv.port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                                           b"Connection: close\r\n\r\n" + big)
     err((status, body), 413)
+
+
+# -- hostile round 9 ------------------------------------------------------------------------------------
+
+def test_tokenizer_endpoints_cannot_starve_completions(srv, monkeypatch):
+    """/tokenize and /detokenize run on a thread of their own with a bounded backlog (429 past it), and a
+    completion whose prompts are long parses apart from short ones: tokenizer work or a big prompt held in
+    encode() never delays a small completion (8 x 1 MB /tokenize bodies had one wait 17 s).  A /tokenize
+    prompt (or /detokenize list) past MAX_TOKENIZE is a 413."""
+    import gpt2asm.server as server
+    gate, encode = threading.Event(), srv.state.m.encode
+
+    def slow_encode(text):
+        if text.startswith("slow"):
+            gate.wait(30)
+        return encode(text)
+    monkeypatch.setattr(srv.state.m, "encode", slow_encode)
+    monkeypatch.setattr(srv.state.tokenizer_workers, "backlog", 3)
+    monkeypatch.setattr(server, "LIGHT_PROMPT", 100)
+    results: list = []
+    slow = [("/tokenize", {"prompt": "slow"})] * 3 + [("/v1/completions", {"prompt": "slow" + "x" * 200,
+                                                                            "max_tokens": 1})]
+    threads = [threading.Thread(target=lambda a=a: results.append(http(srv.url + a[0], a[1])), daemon=True)
+               for a in slow]
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: srv.state.tokenizer_workers.pending == 3 and srv.state.long_parse_workers.pending == 1,
+                 "the slow requests did not start")
+        err(http(srv.url + "/tokenize", {"prompt": "a"}), 429, code="server_busy")
+        err(http(srv.url + "/detokenize", {"tokens": [1]}), 429, code="server_busy")
+        t0 = time.monotonic()
+        st, body = http(srv.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 5})
+        assert st == 200 and body["usage"]["completion_tokens"] == 5
+        assert time.monotonic() - t0 < 5, "a small completion waited behind tokenizer work"
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(60)
+    assert sorted(st for st, _ in results) == [200] * 4
+    wait_for(lambda: srv.state.tokenizer_workers.pending == 0, "the tokenizer backlog did not empty")
+    monkeypatch.setattr(server, "MAX_TOKENIZE", 10)
+    err(http(srv.url + "/tokenize", {"prompt": "a" * 11}), 413, "prompt", "prompt_too_long")
+    err(http(srv.url + "/detokenize", {"tokens": [1] * 11}), 413, "tokens", "prompt_too_long")
+    assert http(srv.url + "/tokenize", {"prompt": "a" * 10})[1]["count"] > 0
+
+
+def test_a_prompt_past_the_context_is_refused_before_tokenizing(srv, ref, monkeypatch):
+    """A completion prompt of more characters than n_ctx tokens can hold is a context_length_exceeded 400
+    without being tokenized (it was tokenized whole first: seconds for megabytes); a list of more prompts
+    than MAX_CHOICES is refused before any is tokenized."""
+    import gpt2asm.server as server
+    calls = []
+    encode = srv.state.m.encode
+    monkeypatch.setattr(srv.state.m, "encode", lambda text: calls.append(len(text)) or encode(text))
+    most = server.max_token_chars(ref.tokenizer)
+    assert most == max(len(ref.tokenizer.token_bytes(i)) for i in range(ref.tokenizer.vocab_size))
+    u = srv.url + "/v1/completions"
+    err(http(u, {"prompt": "x" * (ref.n_ctx * most + 1), "max_tokens": 1}), 400, "prompt", "context_length_exceeded")
+    err(http(u, {"prompt": ["a"] * (server.MAX_CHOICES + 1), "max_tokens": 1}), 400, "n")
+    assert calls == []
+    err(http(u, {"prompt": ["a b " * ref.n_ctx, "a"], "max_tokens": 1}), 400, "prompt", "context_length_exceeded")
+    assert calls == [4 * ref.n_ctx]                                # the first one over: the second not tokenized
+
+
+def test_stop_string_logprobs_cover_the_text(srv):
+    """With a stop string, logprobs and usage.completion_tokens report the tokens whose text is at least
+    partly in the returned text (the token that completed the stop string, wholly inside it, was reported
+    too): "".join(tokens) starts with the text, text_offset is each token's place in it, streamed or not."""
+    c = srv.client()
+    kw = dict(model="tiny", prompt="Once upon a time", max_tokens=24, temperature=0, logprobs=0)
+    full = c.completions.create(**kw).choices[0]
+    toks, offs = full.logprobs.tokens, full.logprobs.text_offset
+    assert "".join(toks) == full.text and offs == [len("".join(toks[:i])) for i in range(len(toks))]
+    k = next(i for i in range(2, len(toks) - 1) if len(toks[i]) > 1 and toks[i].isascii() and toks[i + 1].isascii()
+             and full.text.find(toks[i][1:]) > 0)
+    stops = [toks[k] + toks[k + 1][:1],                             # a whole token, and a piece of the next
+             toks[k][1:]]                                           # inside a token: it is partly in the text
+    for stop in stops:
+        cut = full.text.find(stop)
+        assert cut > 0
+        keep = sum(o < cut for o in offs)
+        r = c.completions.create(**kw, stop=[stop])
+        ch = r.choices[0]
+        assert ch.text == full.text[:cut] and ch.finish_reason == "stop"
+        assert ch.logprobs.tokens == toks[:keep] and ch.logprobs.text_offset == offs[:keep]
+        assert "".join(ch.logprobs.tokens).startswith(ch.text) and len("".join(toks[:keep - 1])) < len(ch.text)
+        assert r.usage.completion_tokens == keep == len(ch.logprobs.token_logprobs)
+        got_toks, got_offs, text = [], [], ""
+        for chunk in c.completions.create(**kw, stop=[stop], stream=True, stream_options={"include_usage": True}):
+            for x in chunk.choices:
+                text += x.text
+                if x.logprobs:
+                    got_toks += x.logprobs.tokens
+                    got_offs += x.logprobs.text_offset
+            if chunk.usage:
+                assert chunk.usage.completion_tokens == keep
+        assert (text, got_toks, got_offs) == (ch.text, toks[:keep], offs[:keep])
+
+
+@pytest.mark.parametrize("first", ["SIGINT", "SIGTERM"])
+def test_a_second_signal_ends_the_drain_cleanly(ckpt_tiny, first):
+    """A second SIGINT (or SIGTERM then SIGINT) during the drain ends it at once: what is still generating
+    finishes with "shutdown" and the stream with [DONE], no traceback, exit 0 (uvicorn's force-quit cut
+    the stream without a finish_reason and logged a CancelledError traceback)."""
+    import http.client
+    p, url = serve_process(ckpt_tiny, "--drain-timeout", "120", "--max-batch", "8")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 1000, "n": 64,
+                                                            "stream": True, "temperature": 0}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        lines = [resp.readline()]                                   # generating now
+        p.send_signal(getattr(signal, first))
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        lines += resp.read().splitlines()
+        assert p.wait(30) == 0 and time.monotonic() - t0 < 20
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = p.stdout.read()
+    assert "Traceback" not in out and "CancelledError" not in out, out
+    events = [ln[6:] for ln in lines if ln.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    fins = {}
+    for e in events[:-1]:
+        for ch in json.loads(e)["choices"]:
+            if ch["finish_reason"]:
+                fins[ch["index"]] = ch["finish_reason"]
+    assert len(fins) == 64 and "shutdown" in fins.values() and set(fins.values()) <= {"shutdown", "length"}

@@ -185,6 +185,29 @@ def test_writer_tokenizer_copy_and_bad_args(tmp_path, capsys):
             mc.make_checkpoint(tmp_path / "m3", **{**dict(size="tiny", tokenizer_dir=False), **kw})
 
 
+def test_writer_refuses_what_gpt2asm_would_not_load(tmp_path, tokenizer_dir, capsys):
+    """The loader's rules at creation: head_dim 64 always, and a vocab holding the tokenizer's tokens when the
+    checkpoint carries one (a smaller vocab without a tokenizer is fine: load_weights reads it).  One line,
+    status 2, nothing written (such checkpoints were written, then refused by gpt2asm)."""
+    for args, frag in ((["--vocab", "1000", "--tokenizer", str(tokenizer_dir)], "50257"),
+                       (["--n-head", "4", "--no-tokenizer"], "head_dim"),
+                       (["--n-embd", "256", "--no-tokenizer"], "head_dim")):
+        out = tmp_path / "bad"
+        assert mc.main(["--out", str(out), "--size", "tiny", "--n-ctx", "16", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("make_checkpoint.py: error: ") and err.count("\n") == 1 and frag in err, err
+        assert not out.exists()
+    with pytest.raises(InvalidArgumentError, match="endoftext"):
+        tok = tmp_path / "tok"
+        tok.mkdir()
+        (tok / "vocab.json").write_text('{"a": 0, "<|endoftext|>": 70}')
+        (tok / "merges.txt").write_text("#version: 0.2\n")
+        mc.make_checkpoint(tmp_path / "m", size="tiny", vocab=64, n_ctx=8, tokenizer_dir=tok)
+    assert mc.main(["--out", str(tmp_path / "ok"), "--size", "tiny", "--n-ctx", "16", "--vocab", "1000",
+                    "--no-tokenizer"]) == 0
+    assert load_weights(tmp_path / "ok").config == GPT2Config(2, 128, 2, 16, 1000)
+
+
 def test_writer_cli(tmp_path):
     assert mc.main(["--out", str(tmp_path), "--size", "tiny", "--vocab", "64", "--n-ctx", "16",
                     "--layout", "hub", "--dtype", "f16", "--no-tokenizer", "--seed", "5"]) == 0

@@ -178,8 +178,8 @@ def _write_json(path: Path, obj: dict) -> None:
                                                encoding="utf-8"))
 
 
-def _copy_tokenizer(out: Path, tokenizer_dir) -> bool:
-    """Copy vocab.json + merges.txt into out. Returns True if copied.
+def _tokenizer_source(tokenizer_dir) -> Path | None:
+    """The directory whose vocab.json + merges.txt the checkpoint gets, or None for no tokenizer.
 
     tokenizer_dir None: the default models/tokenizer (fetched with tools/fetch_tokenizer.py's
     ensure_tokenizer() if missing; skipped with a warning if that fails). False or '': skip.
@@ -187,7 +187,7 @@ def _copy_tokenizer(out: Path, tokenizer_dir) -> bool:
     """
     names = ("vocab.json", "merges.txt")
     if tokenizer_dir is False or tokenizer_dir == "":
-        return False
+        return None
     if tokenizer_dir is None:
         src = DEFAULT_TOKENIZER_DIR
         if not all((src / n).is_file() for n in names):
@@ -201,17 +201,55 @@ def _copy_tokenizer(out: Path, tokenizer_dir) -> bool:
                 mod.ensure_tokenizer(src)
             except Exception as e:  # best effort: the checkpoint is useful without a tokenizer too
                 print(f"warning: no tokenizer copied ({type(e).__name__}: {e})", file=sys.stderr)
-                return False
-    else:
-        src = Path(tokenizer_dir)
-        missing = [n for n in names if not (src / n).is_file()]
-        if missing:
-            raise InvalidArgumentError(f"tokenizer directory {src} lacks {', '.join(missing)}")
+                return None
+        return src
+    src = Path(tokenizer_dir)
+    missing = [n for n in names if not (src / n).is_file()]
+    if missing:
+        raise InvalidArgumentError(f"tokenizer directory {src} lacks {', '.join(missing)}")
+    return src
+
+
+def _copy_tokenizer(out: Path, src: Path | None) -> bool:
+    """Copy vocab.json + merges.txt from src into out. Returns True if copied (src None: nothing)."""
+    if src is None:
+        return False
     if src.resolve() == out.resolve():
         return True
-    for n in names:
+    for n in ("vocab.json", "merges.txt"):
         _write_atomic(out / n, lambda p, n=n: shutil.copyfile(src / n, p))
     return True
+
+
+def _check_loadable(d: dict, tok_src: Path | None) -> None:
+    """Refuse (InvalidArgumentError) what gpt2asm would refuse to load, before anything is written: the
+    loader's own rules -- GPT2Config.validate (head_dim = n_embd / n_head must be 64, n_embd a multiple of
+    16, the size limits) always, and GPT2's tokenizer checks (no more tokens than vocab, <|endoftext|>'s id
+    below it) when the checkpoint carries a tokenizer.  Without one (--no-tokenizer) any vocab is
+    fine: the weights load alone (gpt2asm.weights.load_weights), e.g. small-vocabulary test checkpoints."""
+    from gpt2asm.config import GPT2Config
+    from gpt2asm.errors import CheckpointError
+    try:
+        GPT2Config(d["n_layer"], d["n_embd"], d["n_head"], d["n_ctx"], d["vocab"])
+    except CheckpointError as e:
+        raise InvalidArgumentError(f"gpt2asm could not load this checkpoint: {e}") from None
+    if tok_src is None:
+        return
+    try:
+        vocab = json.loads((tok_src / "vocab.json").read_bytes())
+    except (OSError, ValueError):
+        return                                # not readable as JSON: the loader names that problem itself
+    if not isinstance(vocab, dict):
+        return
+    n_tok, eot = len(vocab), vocab.get("<|endoftext|>")
+    if n_tok > d["vocab"]:
+        raise InvalidArgumentError(f"vocab={d['vocab']} is below the {n_tok} tokens of the tokenizer it would "
+                                   f"carry ({tok_src / 'vocab.json'}), which gpt2asm refuses to load: give a "
+                                   f"vocab of at least {n_tok}, or no tokenizer (--no-tokenizer)")
+    if isinstance(eot, int) and not isinstance(eot, bool) and eot >= d["vocab"]:
+        raise InvalidArgumentError(f"vocab={d['vocab']} leaves out <|endoftext|> (id {eot} in "
+                                   f"{tok_src / 'vocab.json'}), which gpt2asm refuses to load: give a vocab "
+                                   f"of at least {eot + 1}, or no tokenizer (--no-tokenizer)")
 
 
 def make_checkpoint(out_dir, size: str = "124M", seed: int = 0, layout: str = "hf", dtype: str = "f32",
@@ -231,6 +269,8 @@ def make_checkpoint(out_dir, size: str = "124M", seed: int = 0, layout: str = "h
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
     d = _dims(size, overrides)
+    tok_src = _tokenizer_source(tokenizer_dir)
+    _check_loadable(d, tok_src)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -249,7 +289,7 @@ def make_checkpoint(out_dir, size: str = "124M", seed: int = 0, layout: str = "h
     _write_json(out / "config.json",
                 config_dict(d["n_layer"], d["n_embd"], d["n_head"], d["n_ctx"], d["vocab"], dtype))
     _write_json(out / "generation_config.json", {"bos_token_id": EOT, "eos_token_id": EOT})
-    has_tok = _copy_tokenizer(out, tokenizer_dir)
+    has_tok = _copy_tokenizer(out, tok_src)
 
     n_params = sum(v.size for k, v in tensors.items() if not k.endswith("attn.bias"))
     print(f"wrote RANDOM (untrained) GPT-2 weights to {out}: {size} n_layer={d['n_layer']} "
@@ -280,8 +320,8 @@ def main(argv=None) -> int:
         make_checkpoint(a.out, size=a.size, seed=a.seed, layout=a.layout, dtype=a.dtype,
                         tokenizer_dir=False if a.no_tokenizer else a.tokenizer,
                         n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, n_ctx=a.n_ctx, vocab=a.vocab)
-    except (GPT2AsmError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (GPT2AsmError, OSError) as e:                 # a bad argument or file: one line, status 2
+        print(f"make_checkpoint.py: error: {e}", file=sys.stderr)
         return 2
     return 0
 
