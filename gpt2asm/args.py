@@ -51,8 +51,13 @@ def integer(name: str, v, lo: int, hi: int | None = None) -> int:
     return n
 
 
+def _is_real(v) -> bool:
+    """An int or float (numpy's too), not a bool: what number() takes."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
 def number(name: str, v, lo: float, hi: float, lo_open: bool = False) -> float:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+    if not _is_real(v):
         raise InvalidArgumentError(f"{name} must be a number, got {type(v).__name__} {shown(v)}")
     try:
         f = float(v)
@@ -106,9 +111,9 @@ def _penalty(v) -> float:
     """repetition_penalty as a number in (0, 100] (tiny_value_rule then refuses (0, MIN_REPETITION_PENALTY))."""
     try:
         return number("repetition_penalty", v, 0.0, 100.0, lo_open=True)
-    except InvalidArgumentError as e:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise e from None                   # not a number at all: that message
+    except InvalidArgumentError:
+        if not _is_real(v):
+            raise                               # not a number at all: that message
         raise _penalty_error(v) from None
 
 

@@ -35,13 +35,13 @@ import numpy as np
 from . import ggufload
 from .args import integer, not_retired, token_ids
 from .errors import (CheckpointError, ContextOverflowError, InvalidArgumentError, KernelUnavailableError,
-                     NotCopyableError, SessionBusyError, TokenizerError, shown)
+                     NotCopyableError, SessionBusyError, shown)
 from .files import find_model_dir, is_random_init
 from .kernels import Kernels
 from .model import Transformer
 from .safefs import os_error_text
 from .sampler import Sampler
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, check_fits
 from .tilecache import load_weights_cached as load_weights   # warm start: tiles mapped from disk
 from .weights import MATRIX_DTYPES, Q0_DTYPES
 
@@ -123,11 +123,7 @@ class GPT2:
         self.model, self.tokenizer, self.model_dir = transformer, tokenizer, model_dir
         self.config = transformer.cfg
         self.random_init = bool(model_dir and is_random_init(model_dir))
-        if tokenizer.vocab_size > self.config.vocab_size:
-            raise TokenizerError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                                 f"{self.config.vocab_size}")
-        if tokenizer.eot_id >= self.config.vocab_size:
-            raise TokenizerError(f"<|endoftext|> has id {tokenizer.eot_id}, beyond the model's vocabulary")
+        check_fits(tokenizer.vocab_size, tokenizer.eot_id, self.config.vocab_size)
         # Only ids the tokenizer can print are sampled (a checkpoint may pad its vocabulary).
         self.n_sample = tokenizer.vocab_size
 

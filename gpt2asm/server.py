@@ -193,21 +193,25 @@ def uvicorn_config(app, request_timeout: float = REQUEST_TIMEOUT, **kw):
     return uvicorn.Config(absolute_form(app), http=http_protocol(request_timeout), **kw)
 
 
+def _origin_form(target):
+    """The path of an absolute-form request target (str or bytes: "http://host:80/a?b" -> "/a?b", "http://host"
+    -> "/"), or None when target is not one."""
+    sep = "://" if isinstance(target, str) else b"://"
+    scheme, found, rest = target.partition(sep)
+    if not found or scheme.lower() not in (("http", "https") if isinstance(target, str) else (b"http", b"https")):
+        return None
+    cut = rest.find(sep[-1:])                   # the first "/" after the authority
+    return rest[cut:] if cut >= 0 else sep[-1:]
+
+
 def absolute_form(app):
     """app, answering a request whose target is in absolute form (`GET http://host/health HTTP/1.1`, which
     RFC 9112 says a server must accept) as the same request for its path."""
     async def wrapped(scope, receive, send):
         if scope.get("type") == "http":
-            path = scope.get("path", "")
-            low = path[:8].lower()
-            if low.startswith("http://") or low.startswith("https://"):
-                rest = path.split("://", 1)[1]
-                cut = rest.find("/")
-                new = rest[cut:] if cut >= 0 else "/"
-                raw = scope.get("raw_path") or b""
-                rcut = raw.split(b"://", 1)[1].find(b"/") if b"://" in raw else -1
-                scope = dict(scope, path=new,
-                             raw_path=raw.split(b"://", 1)[1][rcut:] if rcut >= 0 else new.encode())
+            path = _origin_form(scope.get("path", ""))
+            if path is not None:
+                scope = dict(scope, path=path, raw_path=_origin_form(scope.get("raw_path") or b"") or path.encode())
         await app(scope, receive, send)
     return wrapped
 
@@ -379,6 +383,13 @@ def _overflow(m, what: str):
                    code="context_length_exceeded")
 
 
+def check_model(body, model_id: str) -> None:
+    """A body naming another model than the one served: 404 model_not_found (every endpoint that takes one)."""
+    if isinstance(body, dict) and body.get("model") not in (None, model_id):
+        raise APIError(404, f"the model {shown(body['model'])} does not exist; this server serves {model_id!r}",
+                       param="model", code="model_not_found")
+
+
 def parse_completion(m, body: dict, model_id: str) -> dict:
     """The request body checked: prompts as token id lists, every sample's SeqSpec, flags."""
     from .batch import specs
@@ -389,9 +400,7 @@ def parse_completion(m, body: dict, model_id: str) -> dict:
     if unknown:
         raise APIError(400, f"unsupported parameter(s): {shown(', '.join(unknown))}",
                        param=unknown[0][:SHOWN_LIMIT])
-    if "model" in body and body["model"] not in (None, model_id):
-        raise APIError(404, f"the model {shown(body['model'])} does not exist; this server serves {model_id!r}",
-                       param="model", code="model_not_found")
+    check_model(body, model_id)
     for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("suffix", "")):
         if body.get(name) not in (None, neutral):
             raise APIError(400, f"{name} is not supported (only {neutral!r} or null)", param=name)
@@ -801,18 +810,13 @@ def create_app(state: App):
         state.metrics.requests.labels("metrics", "200").inc()
         return Response(state.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    def check_model(body) -> None:
-        if isinstance(body, dict) and body.get("model") not in (None, state.model_id):
-            raise APIError(404, f"the model {shown(body['model'])} does not exist; this server serves "
-                                f"{state.model_id!r}", param="model", code="model_not_found")
-
     def render(content) -> bytes:
         return JSON(content).body
 
     @endpoint("tokenize")
     async def tokenize(request):
         body = await read_json(request)
-        check_model(body)
+        check_model(body, state.model_id)
         p = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
         if not isinstance(p, str):
             raise APIError(400, "tokenize takes {\"prompt\": string}", param="prompt")
@@ -832,7 +836,7 @@ def create_app(state: App):
     @endpoint("detokenize")
     async def detokenize(request):
         body = await read_json(request)
-        check_model(body)
+        check_model(body, state.model_id)
         ids = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(ids, list):
             raise APIError(400, "detokenize takes {\"tokens\": [token ids]}", param="tokens")

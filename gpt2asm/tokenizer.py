@@ -43,6 +43,15 @@ PAT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{
 CACHE_MAX = 1 << 16  # words kept in the encode cache before it is emptied
 
 
+def check_fits(n_tokens: int, eot_id: int, vocab_size: int) -> None:
+    """TokenizerError unless a tokenizer of n_tokens tokens, <|endoftext|> at eot_id, fits a model of vocab_size
+    (GPT2 at load; tools/make_checkpoint.py before it writes a checkpoint)."""
+    if n_tokens > vocab_size:
+        raise TokenizerError(f"the tokenizer has {n_tokens} tokens but the model only {vocab_size}")
+    if eot_id >= vocab_size:
+        raise TokenizerError(f"<|endoftext|> has id {eot_id}, beyond the model's vocabulary")
+
+
 def bytes_to_unicode() -> dict[int, str]:
     """byte (0..255) -> printable char; printable Latin-1 bytes map to themselves, the rest to 256+n."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))

@@ -228,7 +228,8 @@ def _check_loadable(d: dict, tok_src: Path | None) -> None:
     below it) when the checkpoint carries a tokenizer.  Without one (--no-tokenizer) any vocab is
     fine: the weights load alone (gpt2asm.weights.load_weights), e.g. small-vocabulary test checkpoints."""
     from gpt2asm.config import GPT2Config
-    from gpt2asm.errors import CheckpointError
+    from gpt2asm.errors import CheckpointError, TokenizerError
+    from gpt2asm.tokenizer import check_fits
     try:
         GPT2Config(d["n_layer"], d["n_embd"], d["n_head"], d["n_ctx"], d["vocab"])
     except CheckpointError as e:
@@ -241,15 +242,15 @@ def _check_loadable(d: dict, tok_src: Path | None) -> None:
         return                                # not readable as JSON: the loader names that problem itself
     if not isinstance(vocab, dict):
         return
-    n_tok, eot = len(vocab), vocab.get("<|endoftext|>")
-    if n_tok > d["vocab"]:
-        raise InvalidArgumentError(f"vocab={d['vocab']} is below the {n_tok} tokens of the tokenizer it would "
-                                   f"carry ({tok_src / 'vocab.json'}), which gpt2asm refuses to load: give a "
-                                   f"vocab of at least {n_tok}, or no tokenizer (--no-tokenizer)")
-    if isinstance(eot, int) and not isinstance(eot, bool) and eot >= d["vocab"]:
-        raise InvalidArgumentError(f"vocab={d['vocab']} leaves out <|endoftext|> (id {eot} in "
-                                   f"{tok_src / 'vocab.json'}), which gpt2asm refuses to load: give a vocab "
-                                   f"of at least {eot + 1}, or no tokenizer (--no-tokenizer)")
+    eot = vocab.get("<|endoftext|>")
+    if not isinstance(eot, int) or isinstance(eot, bool):
+        eot = -1                              # none: the loader names that problem itself
+    try:
+        check_fits(len(vocab), eot, d["vocab"])
+    except TokenizerError as e:
+        raise InvalidArgumentError(f"vocab={d['vocab']} with the tokenizer in {tok_src}: {e}, which gpt2asm "
+                                   f"refuses to load: give a vocab of at least {max(len(vocab), eot + 1)}, or no "
+                                   f"tokenizer (--no-tokenizer)") from None
 
 
 def make_checkpoint(out_dir, size: str = "124M", seed: int = 0, layout: str = "hf", dtype: str = "f32",
