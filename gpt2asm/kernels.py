@@ -29,7 +29,7 @@ from .errors import InvalidArgumentError, KernelUnavailableError, LibraryError, 
 from .kernels_api import CheckedOps
 from .lib import ARCH, bind, load_library
 from .plan import CTX_NTHREADS, CTX_PARKS, CTX_SEQ, CTX_SEQ_SLEEPERS, CTX_SPIN, CTX_YIELD, POOL_BYTES, Plan
-from .pool import Pool, split, thread_refused
+from .pool import Pool, split, start_thread, thread_refused
 from .validate import addr, aligned_bytes
 
 # a family that lacks an op takes it from this one (sme2 has only the f32 / f16 matrix-vector and the matmul kernels)
@@ -247,7 +247,7 @@ class Kernels(CheckedOps):
         for tid in range(1, self.threads):
             t = threading.Thread(target=worker, args=(ctx, tid), daemon=True, name=f"gpt2asm-worker-{tid}")
             try:
-                t.start()
+                start_thread(t)
             except RuntimeError as e:               # "can't start new thread": a thread or memory limit
                 self._stop_workers()
                 raise thread_refused(self.threads, e) from None

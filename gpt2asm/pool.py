@@ -5,10 +5,45 @@ The families with a plan executor run every plan on the library's own pool inste
 """
 from __future__ import annotations
 
+import mmap
 import queue
 import threading
 
 from .errors import ResourceError
+
+try:
+    import resource
+except ImportError:                                 # not on every platform; no address-space limit there
+    resource = None
+
+# What a new thread needs beyond its stack before its first Python frame runs (the interpreter's
+# frame-stack chunk, malloc's first blocks, the worker's own) -- with a wide margin.
+THREAD_HEADROOM = 16 << 20
+
+
+def _stack_bytes() -> int:
+    """The stack a new thread gets: threading.stack_size(), else pthreads' default (the soft
+    RLIMIT_STACK, or at most 32 MiB where that is unlimited)."""
+    if size := threading.stack_size():
+        return size
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    return soft if 0 < soft < (32 << 20) else 32 << 20
+
+
+def start_thread(t: threading.Thread) -> None:
+    """t.start(), refused with RuntimeError up front where an address-space limit (RLIMIT_AS) leaves no
+    room for the thread's stack and its first allocations.  Without that check the limit can let the
+    stack be mapped and then refuse the new thread its first Python frame: the thread dies with
+    "Exception ignored in thread started by ... MemoryError" before it signals that it started, and
+    Thread.start() waits for that signal for ever."""
+    if resource is not None and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
+        need = _stack_bytes() + THREAD_HEADROOM
+        try:                                        # an inaccessible private mapping: counts against
+            mmap.mmap(-1, need, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0).close()  # RLIMIT_AS
+        except OSError:                             # only, never touched, unmapped at once
+            raise RuntimeError(f"no address space left for another thread (its stack and first "
+                               f"allocations: {need >> 20} MiB)") from None
+    t.start()
 
 
 def thread_refused(n: int, e: BaseException) -> ResourceError:
@@ -31,7 +66,7 @@ class Pool:
         for i, q in enumerate(self._todo):
             t = threading.Thread(target=self._work, args=(q,), daemon=True, name=f"gpt2asm-{i + 1}")
             try:
-                t.start()
+                start_thread(t)
             except RuntimeError as e:               # "can't start new thread": a thread or memory limit
                 self._todo = self._todo[:i]
                 self.close()

@@ -34,6 +34,7 @@ import weakref
 
 import numpy as np
 
+from .pool import start_thread
 from .weights import aligned_empty
 
 CHUNK = 16 << 20            # bytes per np.copyto (the GIL is released inside each)
@@ -129,8 +130,17 @@ class Resident:
             return
         self._thread = threading.Thread(target=self._run, daemon=True, name="gpt2asm-resident")
         if start:
-            self._thread.start()
+            self._start()
             _COPYING.add(self)
+
+    def _start(self) -> None:
+        """The copying thread; where the system refuses it, the weights stay where they are (as with
+        a copy that ran out of memory)."""
+        try:
+            start_thread(self._thread)
+        except RuntimeError as e:
+            self.error = e
+            self._done.set()
 
     def _after_fork(self) -> None:
         """In a fork()ed child the copying thread is gone (only the forking thread is copied): copy again
@@ -140,7 +150,7 @@ class Resident:
         self.copies, self.error = None, None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="gpt2asm-resident")
-        self._thread.start()
+        self._start()
 
     def _skip_reason(self) -> str:
         arrays = [getattr(o, n) for o, n in self.todo]

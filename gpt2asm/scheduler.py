@@ -46,7 +46,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .args import MAX_SEED, integer
-from .errors import GPT2AsmError, InvalidArgumentError
+from .errors import GPT2AsmError, InvalidArgumentError, ResourceError
+from .pool import start_thread
 from .scoring import log_softmax
 
 
@@ -279,8 +280,12 @@ class Scheduler:
     def start(self) -> "Scheduler":
         """Drive the model from one background thread until close()."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gpt2asm-scheduler", daemon=True)
-            self._thread.start()
+            t = threading.Thread(target=self._loop, name="gpt2asm-scheduler", daemon=True)
+            try:
+                start_thread(t)
+            except RuntimeError as e:               # a thread or address-space limit
+                raise ResourceError(f"cannot start the scheduler's thread: {e}") from None
+            self._thread = t
         return self
 
     def _loop(self) -> None:

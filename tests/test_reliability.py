@@ -355,6 +355,33 @@ def test_cli_threads_beyond_the_address_space(ckpt_tiny):
                    r"cannot start the 255 worker thread\(s\) of -j 256: .*use a smaller -j")
 
 
+_EDGE_OF_THE_ADDRESS_SPACE = r"""
+import resource, threading, sys
+from gpt2asm.pool import _stack_bytes, start_thread
+def mapped():
+    return next(int(ln.split()[1]) << 10 for ln in open("/proc/self/status") if ln.startswith("VmSize"))
+# Room for the new thread's stack and one page: CPython maps the stack, then its first frame fails with
+# MemoryError inside the new thread, and a plain Thread.start() waits for ever.
+resource.setrlimit(resource.RLIMIT_AS, (mapped() + _stack_bytes() + 4096, resource.RLIM_INFINITY))
+try:
+    start_thread(threading.Thread(target=lambda: None, daemon=True))
+except RuntimeError as e:
+    print("refused:", e)
+"""
+
+
+def test_a_thread_at_the_edge_of_the_address_space_is_refused_not_waited_for():
+    """Where RLIMIT_AS leaves room for a thread's stack and no more, starting it is refused up front
+    (pool.start_thread): the -j pools' workers once hung the CLI there (a fresh-clone CI run)."""
+    pytest.importorskip("resource")
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs /proc to place the limit")
+    r = subprocess.run([sys.executable, "-c", _EDGE_OF_THE_ADDRESS_SPACE], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and "Exception ignored" not in r.stderr, (r.stdout, r.stderr)
+    assert r.stdout.startswith("refused: no address space left for another thread"), r.stdout
+
+
 def test_a_forked_child_refused_its_workers_gets_a_typed_error(ckpt_tiny, monkeypatch):
     """In a fork()ed child the workers start with its first plan: refused there, that plan raises
     ResourceError (not a hang in the fork handler), and the next one tries again."""
