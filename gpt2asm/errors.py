@@ -91,7 +91,8 @@ class NotCopyableError(GPT2AsmError, TypeError):
 
 
 class ResourceError(GPT2AsmError):
-    """The system refused what gpt2asm asked of it (a -j worker thread: a thread or address-space limit)."""
+    """The system refused what gpt2asm asked of it (a -j worker thread: a thread or address-space limit; the
+    memory of a sequence's KV cache in a call of many)."""
 
 
 class NonFiniteLogitsError(GPT2AsmError):

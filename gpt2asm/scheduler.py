@@ -343,9 +343,16 @@ class Scheduler:
                     fut.set_result(fn())
                 except BaseException as e:      # noqa: BLE001 -- handed to the caller
                     fut.set_exception(e)
-        active = [s for s in self._running if not s.finished]
-        for s in active:
-            self._state_for(s)                        # a slot's cache (from the pool) from admission on
+        active = []
+        for s in self._running:
+            if s.finished:
+                continue
+            try:
+                self._state_for(s)                    # a slot's cache (from the pool) from admission on
+            except MemoryError as e:                  # this sequence fails alone; those running go on
+                self._finish(s, "error", e)
+                continue
+            active.append(s)
         self._prefill_chunk([s for s in active if s.fed < len(s.ids)])
         self._decode([s for s in active if s.pending is not None and not s.finished])
         with self._lock:
@@ -458,6 +465,9 @@ class Scheduler:
         s.finished, s.pending = True, None
         text = s.ts.finish() if reason in ("length", "cancelled", "shutdown") else ""
         msg = None
+        if isinstance(err, MemoryError):              # a KV cache, row buffers: the system's refusal, not a bug
+            err = ResourceError(f"out of memory for this sequence ({err or 'MemoryError'}); retry when "
+                                "fewer sequences run")
         if err is not None:
             msg = str(err) if isinstance(err, GPT2AsmError) else f"internal error ({type(err).__name__})"
         s.req.finished += 1

@@ -589,17 +589,41 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+AS_RESERVE = 256 << 20                   # address space kept for all but the KV caches (row buffers, threads)
+
+
 def available_memory() -> int | None:
     """Bytes of memory the system can still give (Linux: MemAvailable, resident.mem_available; elsewhere the
-    physical total), or None."""
+    physical total), or None -- at most what the address-space limit (RLIMIT_AS) leaves this process,
+    less AS_RESERVE: a cache the limit refuses fails its sequence, however much memory the machine has."""
     from .resident import mem_available
     have = mem_available()
-    if have is not None:
-        return have
+    if have is None:
+        try:
+            have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            have = None
+    left = address_space_left()
+    if left is not None:
+        have = max(0, left - AS_RESERVE) if have is None else min(have, max(0, left - AS_RESERVE))
+    return have
+
+
+def address_space_left() -> int | None:
+    """Bytes the soft RLIMIT_AS still lets this process map (the limit less its VmSize), or None: no limit,
+    or no way to tell (no resource module, no /proc)."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def kv_batch_limit(m, max_batch: int) -> int:
@@ -609,12 +633,16 @@ def kv_batch_limit(m, max_batch: int) -> int:
     load.  InvalidArgumentError if not even one fits."""
     cfg = m.model.cfg
     per = 2 * cfg.n_layer * cfg.n_head * cfg.n_ctx * cfg.head_dim * KV_DTYPES[m.kv].itemsize
+    resident = getattr(m.model, "resident", None)
+    if resident is not None and address_space_left() is not None:
+        resident.wait(60)               # its copy of the weights counted before the caches, not after
     have = available_memory()
     if have is None or max_batch * per <= have:
         return max_batch
     if have < per:
         raise InvalidArgumentError(f"one sequence's KV cache needs {per / 2**20:.0f} MiB (--kv {m.kv}); this "
-                                   f"machine has {have / 2**20:.0f} MiB available")
+                                   f"process can get {have / 2**20:.0f} MiB (the memory available, within its "
+                                   "address-space limit)")
     fit = int(have // per)
     log.warning("gpt2asm: --max-batch %d: the KV caches of only %d sequences fit in the memory left (%.1f GiB); "
                 "decoding at most %d at once%s", max_batch, fit, have / 2**30, fit,

@@ -404,6 +404,40 @@ def test_a_forked_child_refused_its_workers_gets_a_typed_error(ckpt_tiny, monkey
         run_forked(check, timeout=120)
 
 
+def test_a_kv_cache_the_memory_refuses_fails_its_sequence_alone(ckpt_tiny, monkeypatch):
+    """Memory refused for a new sequence's KV cache (RLIMIT_AS, a full machine) ends that sequence with a
+    ResourceError; the sequences already running go on to their own text (one failed allocation in the
+    scheduler's step ended every running sequence, of every request, with 'internal error (MemoryError)').
+    A batched GPT2.generate raises the ResourceError, and the model works once memory is back."""
+    import gpt2asm.state as st
+    from gpt2asm import ResourceError
+    from gpt2asm.scheduler import Scheduler, SeqSpec
+    with GPT2.load(ckpt_tiny) as m:
+        alone = m.generate("Hello", max_new_tokens=12, temperature=0)
+        sched = Scheduler(m, max_batch=16, max_queue=4)
+        ev1, ev2 = [], []
+        sched.submit([SeqSpec(m.encode("Hello"), 12, dict(temperature=0))], callback=ev1.append)
+        sched.step()
+        sched.step()                                   # running, its cache in hand
+
+        def refused(*a, **k):
+            raise MemoryError("Unable to allocate 2.0 MiB for an array")
+        monkeypatch.setattr(st, "aligned_zeros", refused)
+        sched.submit([SeqSpec(m.encode("Hi"), 5, dict(temperature=0, seed=k)) for k in range(8)],
+                     callback=ev2.append)
+        sched.run()
+        assert [e.finish_reason for e in ev1 if e.finish_reason] == ["length"]
+        assert "".join(e.text for e in ev1) == alone
+        errs = [e for e in ev2 if e.finish_reason == "error"]
+        assert len([e for e in ev2 if e.finish_reason]) == 8 and errs
+        assert all(isinstance(e.exception, ResourceError) and "out of memory" in e.error for e in errs)
+        with pytest.raises(ResourceError, match="out of memory"):
+            m.generate(["a", "b", "c", "d", "e", "f", "g", "h"] * 4, max_new_tokens=3, temperature=0)
+        monkeypatch.undo()
+        assert m.generate("Hello", max_new_tokens=12, temperature=0) == alone
+        assert m.generate(["Hello"] * 3, max_new_tokens=12, temperature=0) == [alone] * 3
+
+
 # -- 6. the one-line error, never a traceback ---------------------------------------------------------------
 
 def test_cache_max_gb_inf(ckpt_tiny, tmp_path, monkeypatch):

@@ -564,6 +564,31 @@ def test_max_batch_beyond_memory(ckpt_tiny, monkeypatch):
         s.stop()
 
 
+def test_max_batch_within_the_address_space(ckpt_tiny, monkeypatch):
+    """Under an address-space limit (RLIMIT_AS) the KV caches that fit are those the limit leaves room for
+    (less server.AS_RESERVE), however much memory the machine has: --max-batch counted only MemAvailable,
+    so the caches past the limit were refused at admission, and that failed every running request."""
+    import gpt2asm.resident as resident
+    import gpt2asm.server as server
+    from gpt2asm import InvalidArgumentError
+    with GPT2.load(ckpt_tiny) as m:
+        cfg = m.model.cfg
+        per = 2 * cfg.n_layer * cfg.n_ctx * cfg.n_embd * 4
+        monkeypatch.setattr(resident, "mem_available", lambda: 1 << 50)
+        monkeypatch.setattr(server, "address_space_left", lambda: server.AS_RESERVE + 3 * per + 5)
+        assert server.kv_batch_limit(m, 8) == 3
+        monkeypatch.setattr(server, "address_space_left", lambda: server.AS_RESERVE + per - 1)
+        with pytest.raises(InvalidArgumentError, match="address-space limit"):
+            server.kv_batch_limit(m, 1)
+        monkeypatch.setattr(server, "address_space_left", lambda: None)
+        assert server.kv_batch_limit(m, 8) == 8
+    code = ("import resource; from gpt2asm.server import address_space_left as left; print(left()); "
+            "resource.setrlimit(resource.RLIMIT_AS, (16 << 30, resource.RLIM_INFINITY)); print(left())")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    before, after = r.stdout.split()
+    assert r.returncode == 0 and before == "None" and 0 < int(after) < 16 << 30, r
+
+
 def test_serve_defaults_follow_the_model(ckpt_tiny, tmp_path, monkeypatch):
     """serve's --dtype defaults as the CLI's (None: f32, or a GGUF's own type) and --name to the model's
     last path part, however it was named: --model, $GPT2ASM_MODEL or the current directory."""
