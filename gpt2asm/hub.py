@@ -36,6 +36,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -301,13 +302,20 @@ class _Verified:
     def _save(self) -> None:
         if self.path is None:                     # $GPT2ASM_CACHE=off: hashed again next time
             return
+        tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=0, sort_keys=True), encoding="utf-8")
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            with open(fd, "w", encoding="utf-8") as f:   # a name of its own: threads of one process too
+                f.write(json.dumps(self.data, indent=0, sort_keys=True))
+                os.fchmod(f.fileno(), 0o644)                  # as the file it replaces (mkstemp: 0600)
             os.replace(tmp, self.path)
-        except OSError:
-            pass                                  # a read-only cache only costs a re-hash next time
+        except OSError:                           # a read-only cache only costs a re-hash next time; a full
+            if tmp is not None:                   # disk leaves no partial temp file behind
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
 
 
 def verify_file(path: Path, name: str, pin: FilePin | None, verified: _Verified | None = None) -> str | None:

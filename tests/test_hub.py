@@ -311,6 +311,27 @@ def test_verified_hash_is_remembered(env, ckpt_tiny, monkeypatch):
     assert hub._Verified().sha256(f) == hashlib.sha256(b"abd" * 1000).hexdigest() and len(calls) == 2
 
 
+def test_verified_json_on_a_full_disk_leaves_no_temp_file(tmp_path):
+    """verified.json written where the file size is refused part-way (a full disk, RLIMIT_FSIZE: EFBIG) is
+    not kept, and neither is its temp file (a partial .verified.json.<pid>.tmp was left behind by every
+    process that tried)."""
+    code = """if True:
+        import hashlib, resource
+        from pathlib import Path
+        from gpt2asm import hub
+        f = Path("x.bin"); f.write_bytes(b"abc" * 1000)
+        v = hub._Verified()
+        v.data = {f"/nowhere/{i}": [1, 2, 3, "0" * 64] for i in range(20)}
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+        assert v.sha256(f) == hashlib.sha256(b"abc" * 1000).hexdigest()
+    """
+    own = tmp_path / "own"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, GPT2ASM_CACHE=str(own), PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in own.iterdir()) == [], sorted(p.name for p in own.iterdir())
+
+
 # -- the command line: a fresh install needs only `python -m gpt2asm "..."` ------------------------------
 
 def cli_env(tmp_path: Path, **extra) -> dict:
