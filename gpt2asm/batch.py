@@ -98,6 +98,7 @@ def run(gpt2, seq_specs: list[SeqSpec]) -> Iterator:
                 yield ev
             if not req.done:
                 sched.step()
+        sched.recycle()                                         # every sequence ended: its caches reusable
     finally:
         req.cancel()
         buf.clear()

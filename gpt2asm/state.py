@@ -58,6 +58,14 @@ class State:
     def reset(self) -> None:
         self.n = 0
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its cache and buffers (the prefill rows once made)."""
+        arrays = [a for a in vars(self).values() if isinstance(a, np.ndarray)] + self.scratch
+        if self.rows is not None:
+            arrays += [a for a in vars(self.rows).values() if isinstance(a, np.ndarray)]
+        return sum(a.nbytes for a in arrays)
+
     def snapshot(self) -> tuple[int, np.ndarray, np.ndarray]:
         """(n, k, v): copies of the filled part of the cache."""
         return self.n, self.k[:, :, :self.n].copy(), self.v[:, :, :self.n].copy()

@@ -77,9 +77,14 @@ def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
 
 
 def aligned_zeros(shape, dtype, align: int = ALIGN) -> np.ndarray:
-    a = aligned_empty(shape, dtype, align)
-    a.fill(0)
-    return a
+    """Zeroed aligned_empty: calloc'd, so a large array is the system's zero pages, each faulted in when
+    first touched (a KV cache of which a short text uses a few pages costs no pass over the whole)."""
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.zeros(nbytes + align, dtype=np.uint8)
+    start = (-buf.ctypes.data) % align
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _engine_dtype(dtype) -> np.dtype:

@@ -260,3 +260,52 @@ def test_snapshot_rejects_damage_and_other_models(m, ckpt_tiny):
     other = GPT2.load(ckpt_tiny, dtype="f16")                 # same shapes, other numbers
     with pytest.raises(InvalidArgumentError, match="another model"):
         other.session().restore(blob)
+
+
+def test_reused_caches_change_no_bit(ckpt_tiny):
+    """A finished call's State goes back to the model and the next call takes it (lease_state): whatever an
+    earlier, longer text left in it beyond the new text's positions, the logits and tokens are those of a
+    fresh model; the idle States stay within IDLE_STATE_BYTES (always one); close() lets them go."""
+    import gpt2asm.model as gm
+    ids_long = list(range(40, 140))
+    ids_short = [464, 3290, 318]
+    with GPT2.load(ckpt_tiny) as fresh:
+        want_short = fresh.logits(ids_short).tobytes()
+        want_gen = list(fresh.generate_ids(ids_short, 12, temperature=0))
+    with GPT2.load(ckpt_tiny) as model:
+        T = model.model
+        model.logits(ids_long)
+        assert len(T._idle) == 1
+        st = T._idle[0]
+        assert T.lease_state() is st and st.n == 0
+        T.release_state(st)
+        T.release_state(st)                                  # twice: kept once
+        assert len(T._idle) == 1
+        list(model.generate_ids(ids_long, 20, temperature=0))  # the same State: 120 positions written
+        assert T._idle == [st]
+        assert model.logits(ids_short).tobytes() == want_short
+        assert list(model.generate_ids(ids_short, 12, temperature=0)) == want_gen
+        assert T._idle == [st]
+        g = model.generate_ids(ids_short, 12, temperature=0)   # a live generator holds its State
+        next(g)
+        assert T._idle == []
+        assert model.logits(ids_short).tobytes() == want_short  # meanwhile: a new State
+        g.close()
+        assert len(T._idle) == 2 and T._idle[0] is not T._idle[1]
+        # the bound: no more than IDLE_STATE_BYTES of idle States (the first is always kept)
+        size = st.nbytes
+        old = gm.IDLE_STATE_BYTES
+        try:
+            gm.IDLE_STATE_BYTES = size
+            T.drop_idle_states()
+            a, b = T.lease_state(), T.lease_state()
+            T.release_state(a)
+            T.release_state(b)
+            assert T._idle == [a]
+        finally:
+            gm.IDLE_STATE_BYTES = old
+        # the batch API's sequences take the idle States and hand them back when every one has ended
+        outs = model.generate(["Hello", "Hi there"], max_new_tokens=5, temperature=0)
+        assert outs == [model.generate(p, max_new_tokens=5, temperature=0) for p in ("Hello", "Hi there")]
+        assert len(T._idle) == 2
+    assert T._idle == []                                         # close()

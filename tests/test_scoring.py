@@ -161,3 +161,16 @@ def test_perplexity_tool_reads_a_fifo(ckpt_ctx, tmp_path):
             p.kill()
             p.wait()
     assert p.returncode == 0 and out.startswith("perplexity "), err
+
+
+def test_picked_log_softmax_is_log_softmax_bit_for_bit():
+    """The scorer takes only the picked entries of the float64 log-softmax (scoring.picked_log_softmax):
+    the same bits as indexing log_softmax's whole array, over shapes, scales and extremes."""
+    from gpt2asm.scoring import log_softmax, picked_log_softmax
+    rng = np.random.default_rng(5)
+    for shape in [(1, 1), (1, 7), (11, 50257), (300, 1000)]:
+        for scale in (1.0, 30.0, 1e3, 1e30):
+            rows = (rng.standard_normal(shape) * scale).astype(np.float32)
+            picks = rng.integers(0, shape[1], shape[0])
+            want = log_softmax(rows)[np.arange(shape[0]), picks]
+            assert picked_log_softmax(rows, picks).tobytes() == want.tobytes(), (shape, scale)
