@@ -59,7 +59,7 @@ from . import quant0
 from .args import not_retired
 from .config import GPT2Config
 from .errors import CheckpointError, GPT2AsmError, InvalidArgumentError, TokenizerError, shown
-from .safefs import expand_user
+from .safefs import expand_user, os_error_text
 from .weights import (F16_OVERFLOW, MATRIX_DTYPES, Q0_DTYPES, TILE, Layer, Weights, _aligned_copy, pad_vector,
                       stat_regular_file, tile_head, tile_matrix)
 
@@ -162,8 +162,10 @@ class GGUFModel:
         try:
             with np.errstate(all="ignore"):
                 self.reader = reader(p, "r")
-        except GPT2AsmError:
+        except (GPT2AsmError, MemoryError):                # out of memory is not the file's damage
             raise
+        except OSError as e:                               # the mapping refused: ENOMEM (RLIMIT_AS), ENFILE...
+            raise CheckpointError(f"{p}: cannot map the file: {os_error_text(e)}") from None
         except Exception as e:                             # any damage: ValueError, KeyError, IndexError...
             raise CheckpointError(f"{p}: damaged or truncated GGUF ({type(e).__name__}: "
                                   f"{shown(str(e), 200)})") from None

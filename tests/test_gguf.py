@@ -360,6 +360,31 @@ def test_bad_tokenizer_metadata(ckpt_tiny, tmp_path):
         GPT2.load(write_gguf(d, tmp_path / "m2.gguf", "F32"))
 
 
+@pytest.mark.parametrize("refusal", ["MemoryError", "ENOMEM"])
+def test_out_of_memory_is_not_a_damaged_gguf(ckpt_tiny, tmp_path, monkeypatch, refusal):
+    """The system refusing memory while the GGUF is read (RLIMIT_AS: the reader's np.memmap gets ENOMEM,
+    its parsing a MemoryError) is said as such -- "cannot map the file: Cannot allocate memory", or the
+    MemoryError the CLI turns into "out of memory" -- never "damaged or truncated GGUF" of a good file."""
+    import errno
+    import gpt2asm.ggufload as gl
+    g = write_gguf(ckpt_tiny, tmp_path / "m.gguf", "F32")
+
+    class Refused:
+        def __init__(self, *a, **k):
+            if refusal == "MemoryError":
+                raise MemoryError()
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+    monkeypatch.setattr(gl, "_reader_class", lambda: Refused)
+    if refusal == "MemoryError":
+        with pytest.raises(MemoryError):
+            GGUFModel(g)
+    else:
+        with pytest.raises(CheckpointError, match="cannot map the file: Cannot allocate memory"):
+            GGUFModel(g)
+    monkeypatch.undo()
+    assert GGUFModel(g).config.n_layer == 2
+
+
 def test_damaged_array_count(ckpt_tiny, tmp_path):
     """An array count past the file (up to 2^64 - 1) is a prompt CheckpointError: gguf's reader alone would
     append empty elements until memory ran out."""
