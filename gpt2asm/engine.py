@@ -309,16 +309,19 @@ class GPT2:
             stats.update(prompt=len(ids), generated=0, prefill_s=0.0, decode_s=0.0)
         if n == 0:
             return
-        state = self.model.lease_state()
+        t0 = time.perf_counter()
+        state = self.model.lease_state(ids)           # an idle cache, past the prefix it holds of ids
+        reused = state.n
+        held = ids[:reused]                           # the tokens the cache holds
         try:
-            t0 = time.perf_counter()
-            out = self.model.prefill(state, ids)      # batched: the bits of one step per token
+            out = self.model.prefill(state, ids[reused:])     # batched: the bits of one step per token
+            held = list(ids)
             t1 = time.perf_counter()
             if stats is not None:
-                stats["prefill_s"] = t1 - t0
-            yield from self._decode_loop(state, out, list(ids), n, sampler, stats, t1)
+                stats.update(prefill_s=t1 - t0, reused=reused)
+            yield from self._decode_loop(state, out, list(ids), n, sampler, stats, t1, fed=held)
         finally:
-            self.model.release_state(state)
+            self.model.release_state(state, held)
 
     def _text(self, tokens: Iterator[int], stop) -> Iterator[str]:
         ts = _TextStream(_check_stop(stop))

@@ -49,6 +49,7 @@ from .args import MAX_SEED, integer
 from .errors import GPT2AsmError, InvalidArgumentError, ResourceError
 from .pool import start_thread
 from .scoring import log_softmax
+from .state import best_reuse, reuse
 
 
 
@@ -179,6 +180,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.steps = 0                       # driver iterations that did model work
         self.tokens = 0                      # tokens sampled
+        self.reused = 0                      # prompt tokens a cache held already (not prefilled again)
 
     # -- submitting ---------------------------------------------------------------------------------
 
@@ -359,13 +361,21 @@ class Scheduler:
             self._reap()
 
     def _state_for(self, s: _Seq):
+        """s's slot's State: a free one (the one caching the longest prefix of s's prompt, which s
+        then does not prefill: state.reuse), else the model's (idle ones first).  A sample admitted
+        while its prompt's first sample prefills takes a copy of that prefill instead."""
         if s.state is None:
+            lead = s.leader
+            waits = lead is not None and not lead.finished and lead.fed < len(lead.ids)
+            ids = None if waits else s.ids
             if self._free:
-                s.state = self._free.pop()
+                st = self._free.pop(best_reuse(self._free, ids))
+                reuse(st, ids)
             else:
-                s.state = self.model.lease_state()     # the model's idle States first (model.py)
+                st = self.model.lease_state(ids)
                 self._n_states += 1
-            s.state.n = 0
+            s.state, s.fed = st, st.n
+            self.reused += st.n
         return s.state
 
     def _prefill_chunk(self, seqs: list[_Seq]) -> None:
@@ -481,6 +491,7 @@ class Scheduler:
         for s in self._running:
             if s.finished:
                 if s.state is not None:
+                    s.state.tokens = s.history[:s.state.n]     # position i holds history[i]
                     self._free.append(s.state)
                     s.state = None
             else:
@@ -533,7 +544,7 @@ class Scheduler:
         with self._lock:
             free, self._free = self._free, []
         for st in free:
-            self.model.release_state(st)
+            self.model.release_state(st, st.tokens)
 
     def close(self, reason: str = "shutdown") -> None:
         """Cancel what is left (finish_reason `reason`), stop the driver thread."""

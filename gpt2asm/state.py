@@ -27,6 +27,33 @@ def zeros(shape) -> np.ndarray:
     return aligned_zeros(shape, np.float32)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def best_reuse(states: list["State"], ids: list[int] | None) -> int:
+    """Index of the idle State whose cached tokens share the longest prefix with ids (the latest of equals;
+    the last without ids)."""
+    if not ids:
+        return len(states) - 1
+    return max(range(len(states)), key=lambda j: (common_prefix(states[j].tokens, ids), j))
+
+
+def reuse(s: "State", ids: list[int] | None) -> None:
+    """Set an idle State up for a call feeding ids: n past the prefix of ids it caches, at most
+    len(ids) - 1 (the last token is always fed: its logits are needed), its tokens cut there; no ids:
+    n = 0.  Reused positions hold the bits a fresh cache would (a key or value depends only on the
+    tokens up to it, and prefill = steps = batched steps), and kernels read only positions below n."""
+    s.n = min(common_prefix(s.tokens, ids), len(ids) - 1) if ids else 0
+    del s.tokens[s.n:]
+
+
 class State:
     def __init__(self, cfg: GPT2Config, threads: int = 1, kv_dtype=np.float32):
         C, L, H, T = cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_ctx
@@ -43,6 +70,7 @@ class State:
         self.logits_view = self.logits[:cfg.vocab_size]
         self.scratch = [zeros(H * (-(-T // 16) * 16)) for _ in range(threads)]  # scores: a row per head
         self.n = 0                                          # positions held in the cache
+        self.tokens: list[int] = []     # idle (Transformer.lease_state): the tokens cached at 0, 1, ...
         self.plan = None                                    # the step plan over these buffers (model.py),
         self.plan_owner = None                              # built by this Transformer on first use
         self.rows = None                                    # prefill row buffers (prefill_rows)

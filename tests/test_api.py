@@ -309,3 +309,34 @@ def test_reused_caches_change_no_bit(ckpt_tiny):
         assert outs == [model.generate(p, max_new_tokens=5, temperature=0) for p in ("Hello", "Hi there")]
         assert len(T._idle) == 2
     assert T._idle == []                                         # close()
+
+
+def test_reused_caches_skip_the_prefix_they_hold(ckpt_tiny):
+    """A call whose prompt begins with tokens an idle State caches feeds only the rest (stats['reused']):
+    the same tokens and logits as a fresh model, for a prompt that extends, repeats, or leaves the cached
+    text part-way; logits() leaves its tokens cached for the next call."""
+    base = list(range(300, 360))
+    with GPT2.load(ckpt_tiny) as fresh:
+        want = {k: list(fresh.generate_ids(p, 10, temperature=0))
+                for k, p in (("ext", base + [11, 12]), ("same", base), ("fork", base[:25] + [7, 8, 9]))}
+        want_logits = fresh.logits(base + [5]).tobytes()
+    with GPT2.load(ckpt_tiny) as model:
+        st = {}
+        first = list(model.generate_ids(base, 10, temperature=0, stats=st))
+        assert st["reused"] == 0 and first == want["same"]
+        st = {}
+        list(model.generate_ids(base + first[:3], 4, temperature=0, stats=st))   # prompt + what was generated
+        assert st["reused"] == 60 + 2
+        for key, p, reused in (("ext", base + [11, 12], 60), ("same", base, 59), ("fork", base[:25] + [7, 8, 9], 25)):
+            st = {}
+            assert list(model.generate_ids(p, 10, temperature=0, stats=st)) == want[key], key
+            assert st["reused"] == reused, (key, st)
+        assert model.logits(base + [5]).tobytes() == want_logits                # a forward: reuses nothing
+        st = {}
+        list(model.generate_ids(base + [5, 6], 3, temperature=0, stats=st))     # ... but leaves it cached
+        assert st["reused"] == 61
+        # a generator closed after its first token: its prompt stays cached
+        g = model.generate_ids(base + [1, 2, 3], 5, temperature=0, stats=(st := {}))
+        next(g)
+        g.close()
+        assert model.model._idle[-1].tokens == base + [1, 2, 3]

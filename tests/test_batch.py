@@ -195,6 +195,44 @@ def test_threaded_scheduler_queue_and_close(ckpt_tiny):
         assert all(f.cancelled() for f in late) and order == ["first", 0, 2]
 
 
+def test_a_slot_caching_the_prompts_prefix_skips_it(ckpt_tiny):
+    """A sequence takes the free slot whose cache holds the longest prefix of its prompt and prefills only
+    the rest (Scheduler.reused): every completion the same as GPT2.generate alone, whether the prompt
+    extends a finished one's text, repeats it, or shares only its start; the n samples of one prompt still
+    share its one prefill."""
+    shared = "The history of the printing press begins in the fifteenth century, when"
+    prompts = [shared, shared + " a goldsmith named", shared, shared[:30] + " something else entirely",
+               "Unrelated"]
+    with GPT2.load(ckpt_tiny) as m:
+        want = [m.generate(p, 6, temperature=0) for p in prompts]
+        want_n = [m.generate(shared + " x", 6, seed=sample_seed(3, k)) for k in range(3)]
+        sched = Scheduler(m, max_batch=2)
+        got, reused = [], []
+        for p in prompts:
+            before = sched.reused
+            r = sched.submit([SeqSpec(m.encode(p), 6, dict(temperature=0))])
+            while not r.done:
+                sched.step()
+            got.append("".join(e.text for e in r))
+            reused.append(sched.reused - before)
+        assert got == want
+        n_shared = len(m.encode(shared))
+        assert reused[0] >= 0 and reused[1] == n_shared and reused[2] == n_shared - 1, reused
+        assert 0 < reused[3] < n_shared and reused[4] == 0, reused
+        r = sched.submit([SeqSpec(m.encode(shared), 1, dict(temperature=0))])
+        while not r.done:
+            sched.step()
+        before = sched.reused
+        r = sched.submit([SeqSpec(m.encode(shared + " x"), 6, dict(seed=sample_seed(3, k))) for k in range(3)])
+        while not r.done:
+            sched.step()
+        texts = ["", "", ""]
+        for e in r:
+            texts[e.index] += e.text
+        assert texts == want_n and sched.reused - before >= n_shared
+        sched.close()
+
+
 def test_a_request_that_can_never_start_is_refused(ckpt_tiny):
     """With max_queue 0 nothing may wait, so a request of more sequences than max_batch can never start:
     RequestTooLargeError (the server's 400), not QueueFullError (429, retried for ever).  With a queue it is
@@ -260,6 +298,7 @@ def test_an_error_mid_batch_frees_every_kv_cache(ckpt_tiny, monkeypatch):
     caches used to stay until a collection, so under a memory limit every later call failed too."""
     import gc
     import weakref
+    from gpt2asm import ResourceError
     m = GPT2.load(ckpt_tiny)
     made = []
     new_state = m.model.new_state
@@ -274,10 +313,10 @@ def test_an_error_mid_batch_frees_every_kv_cache(ckpt_tiny, monkeypatch):
     was = gc.isenabled()
     gc.disable()
     try:
-        with pytest.raises(MemoryError):
+        with pytest.raises(ResourceError, match="out of memory"):     # the system's refusal, typed
             m.generate(["Hello", "Hi there"], 8, n=4, seed=1)
         assert len(made) == 5 and all(r() is None for r in made)
-        with pytest.raises(MemoryError):                       # a stream closed part-way: the same
+        with pytest.raises(ResourceError):                     # a stream closed part-way: the same
             for _ in m.stream(["Hello", "Hi there"], 8, n=4, seed=1):
                 pass
     finally:
