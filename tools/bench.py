@@ -508,7 +508,7 @@ def w_quality(model: str, dtypes: list, isa: str | None, threads: int, text: str
                 a["max_dlogit"] = max(a["max_dlogit"], float(np.abs(x.astype(np.float64) - r).max()))
             else:
                 x = r
-            a["lp"][first:end] = scoring.log_softmax(x)[np.arange(end - first), tgt]
+            a["lp"][first:end] = scoring.picked_log_softmax(x, np.asarray(tgt))
             a["agree"] += int((x.argmax(axis=-1) == top).sum())
             a["n"] += end - first
     skips = out["dtypes"]
