@@ -1,6 +1,6 @@
 /*
  * asm/x86_64/matmul_q0_avx2.S -- q8_0 / q4_0 prefill (matrix-matrix) kernels, AVX2 and AVX-VNNI (ymm);
- * and q6_k's (gpt2asm_matmul_q6_k_avx2, and gpt2asm_matvec_q6_k_avx2 = it with one token: at the end).
+ * and q6_k's (gpt2asm_matmul_q6_k_avx2; its decode kernel is matvec_q0_avx2.S's).
  *
  * docs/kernels.md "q8_0 / q4_0"; the blocking and the activation panel are matmul_q0.h's, the register-block
  * body matmul_q0_tok.h's (this file names its registers and ISA steps).  Register block: 6 tokens
@@ -195,42 +195,3 @@
  *   Any int8 xq.  AVX2 + FMA + F16C.
  */
         mq_fn6  gpt2asm_matmul_q6_k_avx2, q6m_blk, 8
-
-/*
- * void gpt2asm_matvec_q6_k_avx2(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
- *                               float *y, size_t n_in, size_t tile_begin, size_t tile_end);
- *   for t in tile_begin .. tile_end-1, o = 64t + j (j < 64):
- *       acc = +0.0;  for b in 0 .. n_in/32-1:
- *           S0 = sum_{i<16} q[o][32b+i] * xq[32b+i],  S1 = sum_{16<=i<32} ...   (exact int32)
- *           s = sc[o][2b] * S0 + sc[o][2b+1] * S1;  t = xd[b] * d[o][b/8];  acc = fma((float)s, t, acc)
- *       y[o] = b ? acc + b[o] : acc
- *   w: the q6_k tiled super-records (13440 bytes per 256 inputs and tile), 64-byte aligned; n_in % 256 == 0.
- *   Any int8 xq.  AVX2 + FMA + F16C.
- *   This is gpt2asm_matmul_q6_k_avx2 with one token (its wide pass: 16 outputs, one 64-byte line of each
- *   group, per pass over a tile's records): the fallback of CPUs without AVX512-VNNI.
- */
-#ifndef GPT2ASM_MACHO
-        .protected gpt2asm_matmul_q6_k_avx2
-#endif
-function gpt2asm_matvec_q6_k_avx2
-        movq    8(%rsp), %rax                   // tile_begin
-        movq    16(%rsp), %r10                  // tile_end
-        subq    $8, %rsp                        // (rsp 16-byte aligned at the call)
-        pushq   %r10                            // tile_end
-        pushq   %rax                            // tile_begin
-        pushq   %r9                             // n_in
-        pushq   $1                              // n_tokens
-        pushq   $0                              // ldy
-        pushq   %r8                             // y
-        movq    %rcx, %r9                       // b
-        movq    %rdx, %rcx                      // xd
-        xorl    %r8d, %r8d                      // ldd
-        xorl    %edx, %edx                      // ldq
-#ifdef GPT2ASM_MACHO
-        call    _gpt2asm_matmul_q6_k_avx2
-#else
-        call    gpt2asm_matmul_q6_k_avx2
-#endif
-        addq    $56, %rsp
-        ret
-endfunc

@@ -255,3 +255,146 @@ endfunc
 function gpt2asm_matvec_q4_0_avxvnni
         mv_q0   1152, 3, q4_avxvnni_blk
 endfunc
+
+/*
+ * q6_k decode, AVX2 (no VNNI): the LM head of q4_0 models on CPUs without AVX512-VNNI.  docs/kernels.md
+ * "gpt2asm_{matvec,matmul}_q6_k_<isa>" (the layout; the per-output sequence: s = sc0 * S0 + sc1 * S1 exact,
+ * t = xd[b] * d, acc = fma((float)s, t, acc), y = acc + b).  A record (64 outputs x 32 inputs) is taken
+ * column by column (8 outputs: a 32-byte slice of each of its 4 P rows and 2 H rows), every group's
+ * operand made whole, u = nibble | 16 hi (0..63, unsigned):
+ *     u_g  = (P_g%4 & 0x0f  or  P_g%4 >> 4 & 0x0f) | (H_g%2 shifted so field g/2 is at bits 4-5) & 0x30
+ *     m    = vpmaddubsw(u_g, X_g) + vpmaddubsw(u_g+1, X_g+1)          int16, |m| <= 2*2*63*128 = 32256
+ *     s   += vpmaddwd(m, SC_h)   (SC_h: the half's sc in both int16 words of each output's dword)
+ * for the pairs (0,1), (2,3) (half 0, sc0) and (4,5), (6,7) (half 1, sc1), s starting at
+ * 32 * vpmaddwd((sc0, sc1), (-sum xq(0-15), -sum xq(16-31))) (u = q + 32): s = sc0 * S0 + sc1 * S1, exact.
+ * Then the fp32 step per column, the tile's 64 sums kept in y itself (loaded, fma'd, stored: float32 both
+ * ways, no bit changes) and y = acc + b at the end.  Any int8 xq.  ~70 ops per column, ~570 per record,
+ * against ~760 for the one-token call of gpt2asm_matmul_q6_k_avx2 it replaced.  Measured (Zen 4, head
+ * 768 x 50304, 31.7 MB, 15 interleaved rounds x 3): from DRAM 1297-1348 us (0.72-0.75 of a plain read)
+ * against 1376-1412 (0.68-0.72); in L2 23.1 against 18.0 GB/s: still bound by its ops, so prefetching
+ * 2-8 KiB ahead only cost (0.67-0.75).
+ * Registers: ymm0 s, ymm1-3 operands / temps, ymm4 SC, ymm5-12 X_0..X_7 (one record), ymm13 the record's
+ * correction pair, ymm14 bytes 0x30, ymm15 bytes 0x0f; r12 the super-record's d's; table (rsp): -32 sum
+ * xq of each half of each block (8 bytes a block).
+ */
+        /* ymm\u = u of group g, column j (the nibble, then the high bits or'ed in); ymm\t: temp */
+        .macro  q6a_u g, j, u, t
+        .if \g < 4
+        vpand   128+256*\g+32*\j(%rdi), %ymm15, %ymm\u
+        .else
+        vpsrlw  $4, 128+256*(\g-4)+32*\j(%rdi), %ymm\u
+        vpand   %ymm15, %ymm\u, %ymm\u
+        .endif
+        .if \g / 2 == 0
+        vpsllw  $4, 1152+256*(\g%2)+32*\j(%rdi), %ymm\t
+        vpand   %ymm14, %ymm\t, %ymm\t
+        .elseif \g / 2 == 1
+        vpsllw  $2, 1152+256*(\g%2)+32*\j(%rdi), %ymm\t
+        vpand   %ymm14, %ymm\t, %ymm\t
+        .elseif \g / 2 == 2
+        vpand   1152+256*(\g%2)+32*\j(%rdi), %ymm14, %ymm\t
+        .else
+        vpsrlw  $2, 1152+256*(\g%2)+32*\j(%rdi), %ymm\t
+        vpand   %ymm14, %ymm\t, %ymm\t
+        .endif
+        vpor    %ymm\t, %ymm\u, %ymm\u
+        .endm
+
+        /* s += vpmaddwd(vpmaddubsw(u_g, X_g) + vpmaddubsw(u_g+1, X_g+1), SC) for column j; X_g = ymm\xa,
+           X_g+1 = ymm\xb (ymm5 + g) */
+        .macro  q6a_pair g, xa, xb, j
+        q6a_u   \g, \j, 1, 2
+        vpmaddubsw %ymm\xa, %ymm1, %ymm1
+        q6a_u   (\g+1), \j, 2, 3
+        vpmaddubsw %ymm\xb, %ymm2, %ymm2
+        vpaddw  %ymm2, %ymm1, %ymm1
+        vpmaddwd %ymm4, %ymm1, %ymm1
+        vpaddd  %ymm1, %ymm0, %ymm0
+        .endm
+
+        /* column j: outputs 8j .. 8j+7 of the record */
+        .macro  q6a_col j
+        vmovq   8*\j(%rdi), %xmm1               // sc0 of the 8 outputs
+        vmovq   64+8*\j(%rdi), %xmm2            // sc1
+        vpunpcklbw %xmm2, %xmm1, %xmm1          // (sc0, sc1) per output
+        vpmovsxbw %xmm1, %ymm4                  // as int16 pairs
+        vpmaddwd %ymm13, %ymm4, %ymm0           // -(sc0 sum0 + sc1 sum1)
+        vpslld  $5, %ymm0, %ymm0                // s = -32 (sc0 sum0 + sc1 sum1)
+        vpmovsxbd 8*\j(%rdi), %ymm4
+        vpshufb Q0_DUPW(%rbx), %ymm4, %ymm4     // sc0 in both words
+        q6a_pair 0, 5, 6, \j
+        q6a_pair 2, 7, 8, \j
+        vpmovsxbd 64+8*\j(%rdi), %ymm4
+        vpshufb Q0_DUPW(%rbx), %ymm4, %ymm4     // sc1 in both words
+        q6a_pair 4, 9, 10, \j
+        q6a_pair 6, 11, 12, \j
+        vbroadcastss (%rdx,%r11,4), %ymm3       // xd[b]
+        vcvtph2ps 16*\j(%r12), %ymm1            // d
+        vmulps  %ymm1, %ymm3, %ymm1             // t = xd[b] * d
+        vcvtdq2ps %ymm0, %ymm0
+        vmovups 32*\j(%r8), %ymm2
+        vfmadd231ps %ymm1, %ymm0, %ymm2         // acc = fma(s, t, acc)
+        vmovups %ymm2, 32*\j(%r8)
+        .endm
+
+        .macro  q6_avx2_blk
+        testb   $7, %r11b
+        jnz     .Lq6a\@
+        movq    %rdi, %r12                      // a super-record: its 64 d's, then its first record
+        addq    $128, %rdi
+.Lq6a\@:
+        vmovq   (%rsp,%r11,8), %xmm13           // -32 sum(xq of each half)
+        vpsrad  $5, %xmm13, %xmm13
+        vpackssdw %xmm13, %xmm13, %xmm13        // (-sum0, -sum1) as an int16 pair (|sum| <= 2048)
+        vpbroadcastd %xmm13, %ymm13
+        vpbroadcastd 0(%rax), %ymm5          // X_g, g = 0..7
+        vpbroadcastd 4(%rax), %ymm6
+        vpbroadcastd 8(%rax), %ymm7
+        vpbroadcastd 12(%rax), %ymm8
+        vpbroadcastd 16(%rax), %ymm9
+        vpbroadcastd 20(%rax), %ymm10
+        vpbroadcastd 24(%rax), %ymm11
+        vpbroadcastd 28(%rax), %ymm12
+        .irp    j, 0, 1, 2, 3, 4, 5, 6, 7
+        q6a_col \j
+        .endr
+        .endm
+
+        .purgem q0_consts
+        .macro  q0_consts
+        movrel  %rbx, q0_mv_avx2
+        vmovdqa Q0_M30(%rbx), %ymm14
+        vmovdqa Q0_M0F(%rbx), %ymm15
+        .endm
+        .purgem q0_zero
+        .macro  q0_zero                         // the tile's sums live in y
+        vxorps  %ymm0, %ymm0, %ymm0
+        vstore  %r8, 0, 32, ymm, 0,0,0,0,0,0,0,0
+        .endm
+        .purgem q0_store
+        .macro  q0_store
+        testq   %rcx, %rcx
+        jz      1f
+        .irp    j, 0, 1, 2, 3, 4, 5, 6, 7
+        vmovups 32*\j(%r8), %ymm0
+        vaddps  32*\j(%rcx), %ymm0, %ymm0       // y = acc + b
+        vmovups %ymm0, 32*\j(%r8)
+        .endr
+1:
+        .endm
+        .set    Q0_SPILL, 0
+
+/*
+ * void gpt2asm_matvec_q6_k_avx2(const uint8_t *w, const int8_t *xq, const float *xd, const float *b,
+ *                               float *y, size_t n_in, size_t tile_begin, size_t tile_end);
+ *   for t in tile_begin .. tile_end-1, o = 64t + j (j < 64):
+ *       acc = +0.0;  for b in 0 .. n_in/32-1:
+ *           S0 = sum_{i<16} q[o][32b+i] * xq[32b+i],  S1 = sum_{16<=i<32} ...   (exact int32)
+ *           s = sc[o][2b] * S0 + sc[o][2b+1] * S1;  t = xd[b] * d[o][b/8];  acc = fma((float)s, t, acc)
+ *       y[o] = b ? acc + b[o] : acc
+ *   w: the q6_k tiled super-records (13440 bytes per 256 inputs and tile), 64-byte aligned; n_in % 256 == 0.
+ *   Any int8 xq.  AVX2 + FMA + F16C: the decode of CPUs without AVX512-VNNI.
+ */
+function gpt2asm_matvec_q6_k_avx2
+        mv_q0   1664, 5, q6_avx2_blk, 1680, 1, 5
+endfunc
