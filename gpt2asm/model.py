@@ -78,9 +78,13 @@ class Transformer:
         # slots): two threads batching on one model (GPT2.generate of a list from each) would write each
         # other's rows between set_batch and the read-back.  One batched step at a time.
         self.batch_lock = threading.Lock()
-        # States of finished calls (their buffers and plans made), for the next call's lease_state
+        # States of finished calls (their buffers and plans made), for the next call's lease_state.  The
+        # lock is re-entrant: a generator left in a reference cycle is finalized by the garbage collector,
+        # which may run at any allocation -- also one under this lock -- and its release_state takes it again
+        # (with a plain Lock that thread deadlocked, and every later call of the model with it).
         self._idle: list[State] = []
-        self._idle_lock = threading.Lock()
+        self._idle_lock = threading.RLock()
+        self._made = object()           # the mark of the States new_state makes (release_state takes only those)
 
     def start_resident(self) -> None:
         """Pack the matrices (file-mapped from a warm tile cache, or separate arrays) into one buffer of
@@ -136,7 +140,9 @@ class Transformer:
         yield "head_w", self.w.head_w, C, self.cfg.vocab_size
 
     def new_state(self) -> State:
-        return State(self.cfg, self.k.threads, KV_DTYPES[self.kv])
+        s = State(self.cfg, self.k.threads, KV_DTYPES[self.kv])
+        s.made_by = self._made
+        return s
 
     def lease_state(self, ids: list[int] | None = None) -> State:
         """A State for one call: an idle one of this model's, its buffers and plans already made (124M
@@ -155,12 +161,16 @@ class Transformer:
         """Keep s (a State of this model that its caller is done with) for a later lease_state: always
         one, more while the idle ones hold at most IDLE_STATE_BYTES; the rest go to the collector.
         tokens: those whose keys and values s caches at positions 0, 1, ... (only the first s.n of them
-        count; None: nothing reusable)."""
-        s.tokens = [] if tokens is None else list(tokens[:s.n])
-        s.n = 0
+        count; None: nothing reusable).  A State another Transformer made (another shape, cache dtype or
+        thread count: other bits, or a plan over buffers of the wrong size) is refused."""
+        if not isinstance(s, State) or getattr(s, "made_by", None) is not self._made:
+            raise InvalidArgumentError("release_state takes a State of this model (its new_state or lease_state), "
+                                       f"got {'one of another model' if isinstance(s, State) else type(s).__name__}")
         with self._idle_lock:
-            if any(x is s for x in self._idle):
+            if any(x is s for x in self._idle):         # released already: it is idle as it is
                 return
+            s.tokens = [] if tokens is None else list(tokens[:s.n])
+            s.n = 0
             if not self._idle or sum(x.nbytes for x in self._idle) + s.nbytes <= IDLE_STATE_BYTES:
                 self._idle.append(s)
 

@@ -71,6 +71,7 @@ class State:
         self.scratch = [zeros(H * (-(-T // 16) * 16)) for _ in range(threads)]  # scores: a row per head
         self.n = 0                                          # positions held in the cache
         self.tokens: list[int] = []     # idle (Transformer.lease_state): the tokens cached at 0, 1, ...
+        self.made_by = None             # the mark of the Transformer whose new_state made it
         self.plan = None                                    # the step plan over these buffers (model.py),
         self.plan_owner = None                              # built by this Transformer on first use
         self.rows = None                                    # prefill row buffers (prefill_rows)

@@ -2,6 +2,8 @@
 KV cache (identical to a cold start), KV snapshots to bytes."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -340,3 +342,51 @@ def test_reused_caches_skip_the_prefix_they_hold(ckpt_tiny):
         next(g)
         g.close()
         assert model.model._idle[-1].tokens == base + [1, 2, 3]
+
+
+def test_a_generator_collected_under_the_idle_lock_does_not_deadlock(ckpt_tiny):
+    """A started generator left in a reference cycle is finalized by the garbage collector, which runs at
+    any allocation -- also one inside lease_state / release_state, under the idle States' lock -- and its
+    finally hands its State back (release_state, the same lock): with a plain Lock that thread waited for
+    itself for ever (seen with the default gc thresholds).  Here the collector is made to run there (in a
+    child process: a deadlock fails the test instead of hanging it)."""
+    import subprocess
+    import sys
+    code = f"""
+import gc
+import gpt2asm.model as gm
+from gpt2asm import GPT2
+model = GPT2.load({str(ckpt_tiny)!r})
+a, b = model.generate_ids([1, 2], 2, temperature=0), model.generate_ids([1, 2], 2, temperature=0)
+next(a), next(b)
+a.close(), b.close()                                    # two idle States: lease_state runs best_reuse
+box = [model.generate_ids([1, 2, 3, 4], 5, temperature=0)]
+next(box[0])
+box.append(box)                                         # only the collector frees it
+del box
+real = gm.best_reuse
+gm.best_reuse = lambda states, ids: (gc.collect(), real(states, ids))[1]
+got = list(model.generate_ids([1, 2, 3], 2, temperature=0))
+gm.best_reuse = real
+assert got == list(model.generate_ids([1, 2, 3], 2, temperature=0))
+assert len(model.model._idle) == 2, model.model._idle
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_release_state_takes_only_this_models_states(ckpt_tiny):
+    """A State of another Transformer (another cache dtype, thread count or shape) handed to release_state
+    was kept and leased by the next call: other bits (an f16 cache under an f32 model's logits) or every later
+    call failing on its buffers' sizes.  It is refused with InvalidArgumentError, as is a non-State."""
+    ids = list(range(1, 40))
+    with GPT2.load(ckpt_tiny, kv="f32") as model, GPT2.load(ckpt_tiny, kv="f16") as other:
+        want = model.logits(ids).tobytes()
+        model.model.drop_idle_states()
+        for s in (other.model.new_state(), None, "state"):
+            with pytest.raises(InvalidArgumentError, match="release_state takes a State of this model"):
+                model.model.release_state(s, ids[:30])
+        assert model.model._idle == []
+        assert model.logits(ids).tobytes() == want
