@@ -48,6 +48,7 @@ import numpy as np
 from .args import MAX_SEED, integer
 from .errors import GPT2AsmError, InvalidArgumentError, ResourceError
 from .pool import start_thread
+from .sampler import UNKNOWN
 from .scoring import log_softmax
 from .state import best_reuse, reuse
 
@@ -428,11 +429,16 @@ class Scheduler:
     def _decode(self, seqs: list[_Seq]) -> None:
         if not seqs:
             return
+        before = [s.state.n for s in seqs]
         try:
             logits, argmax = self.model.step_batch([s.state for s in seqs], [s.pending for s in seqs])
         except Exception:                             # noqa: BLE001 -- find the sequence at fault alone
             logits, argmax = [], []
-            for s in seqs:
+            for s, n in zip(seqs, before):
+                if s.state.n > n:                     # fed by a run before the failed one (BATCH_ROWS a run):
+                    logits.append(s.state.logits_view)    # not again (its cache, and tokens, one step ahead)
+                    argmax.append(UNKNOWN)
+                    continue
                 try:
                     lg, am = self.model.step_batch([s.state], [s.pending])
                     logits.append(lg[0])

@@ -233,6 +233,47 @@ def test_a_slot_caching_the_prompts_prefix_skips_it(ckpt_tiny):
         sched.close()
 
 
+def test_a_failed_run_of_a_batched_step_feeds_no_row_twice(ckpt_tiny, monkeypatch):
+    """step_batch runs BATCH_ROWS rows a library call: when a later run fails, the rows of the runs before
+    it are fed already.  The scheduler's fallback (each sequence alone, to find the one at fault) fed them
+    again -- their tokens silently changed, and their caches, one position ahead of the tokens they were
+    said to hold, went back to the pool for a later prompt to reuse.  They sample from the step they had."""
+    import gpt2asm.model as gm
+    from gpt2asm import ResourceError
+    prompts = [[10, 11, 12], [20, 21], [30, 31, 32, 33], [40]]
+    with GPT2.load(ckpt_tiny) as m:
+        want = [list(m.generate_ids(p, 6, temperature=1.0, seed=7)) for p in prompts]
+        later = prompts[0] + want[0] + [5]
+        want_later = list(m.generate_ids(later, 4, temperature=0))
+        real, calls = gm.Transformer.step_rows, []
+
+        def flaky(self, states, tokens):
+            calls.append(len(states))
+            if len(calls) == 4:                   # the second run of the second batched step
+                raise ResourceError("injected: this run failed")
+            return real(self, states, tokens)
+        monkeypatch.setattr(gm, "BATCH_ROWS", 2)
+        monkeypatch.setattr(gm.Transformer, "step_rows", flaky)
+        sched = Scheduler(m, max_batch=4)
+        r = sched.submit([SeqSpec(p, 6, dict(temperature=1.0, seed=7)) for p in prompts])
+        sched.run()
+        got = [[] for _ in prompts]
+        for e in r:
+            if e.token is not None:
+                got[e.index].append(e.token)
+            if e.finish_reason:
+                assert e.finish_reason == "length", e
+        assert len(calls) > 4 and got == want
+        for st in sched._free:                    # every cache holds what it says it holds
+            assert st.n == len(st.tokens) and any(st.tokens == p + w[:5] for p, w in zip(prompts, want))
+        monkeypatch.undo()
+        r = sched.submit([SeqSpec(later, 4, dict(temperature=0))])
+        before = sched.reused
+        sched.run()
+        assert [e.token for e in r if e.token is not None] == want_later and sched.reused - before == len(later) - 2
+        sched.close()
+
+
 def test_a_request_that_can_never_start_is_refused(ckpt_tiny):
     """With max_queue 0 nothing may wait, so a request of more sequences than max_batch can never start:
     RequestTooLargeError (the server's 400), not QueueFullError (429, retried for ever).  With a queue it is
