@@ -466,7 +466,7 @@ class Transformer:
         if self.resident is not None:
             self._adopt()
         if not self.k.has_matmul:                                            # cached steps: the same bits
-            return np.stack([self.step(s, t)[0] for t in tokens])
+            return np.stack([self.step(s, t)[0].copy() for t in tokens])    # (each a view of s.logits)
         T = len(tokens)
         R = min(T, PREFILL_ROWS)
         r = s.prefill_rows(PREFILL_ROWS)

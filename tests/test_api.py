@@ -390,3 +390,14 @@ def test_release_state_takes_only_this_models_states(ckpt_tiny):
                 model.model.release_state(s, ids[:30])
         assert model.model._idle == []
         assert model.logits(ids).tobytes() == want
+
+
+def test_logits_by_cached_steps_are_every_positions(ckpt_tiny, monkeypatch):
+    """A kernel family without the optional matmul kernels computes logits() by cached steps; each step
+    returns a view of the State's one logits buffer, so every row came out as the last token's logits."""
+    ids = [464, 3290, 318, 257, 1332]
+    with GPT2.load(ckpt_tiny) as model:
+        want = model.logits(ids)
+        monkeypatch.setattr(model.model.k, "has_matmul", False)
+        got = model.logits(ids)
+        assert got.tobytes() == want.tobytes() and not np.array_equal(got[0], got[-1])
