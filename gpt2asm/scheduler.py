@@ -99,6 +99,8 @@ class Event:
     finish_reason: str | None = None
     error: str | None = None
     exception: BaseException | None = dataclasses.field(default=None, repr=False)
+    cached: int = 0                                # final event: prompt tokens found in a slot's cache (a
+    #                                                prompt's first sample only: usage counts a prompt once)
 
 
 class Request:
@@ -155,6 +157,7 @@ class _Seq:
         self.leader: _Seq | None = None             # the first sample of the same prompt in the request:
         self.twins: list[_Seq] = []                 # (its followers) prefills once for all of them
         self.fed = 0                                # prompt tokens prefilled
+        self.cached = 0                             # of them, found in its slot's cache (first samples)
         self.history = list(ids)
         self.generated = 0
         self.pending: int | None = None             # the last sampled token, to be fed next step
@@ -377,6 +380,8 @@ class Scheduler:
                 self._n_states += 1
             s.state, s.fed = st, st.n
             self.reused += st.n
+            if s.leader is None:
+                s.cached = st.n
         return s.state
 
     def _prefill_chunk(self, seqs: list[_Seq]) -> None:
@@ -487,7 +492,8 @@ class Scheduler:
         if err is not None:
             msg = str(err) if isinstance(err, GPT2AsmError) else f"internal error ({type(err).__name__})"
         s.req.finished += 1
-        s.req._emit(Event(s.index, None, text, time.monotonic(), finish_reason=reason, error=msg, exception=err))
+        s.req._emit(Event(s.index, None, text, time.monotonic(), finish_reason=reason, error=msg, exception=err,
+                          cached=s.cached))
         if s.req.done:
             self._requests.discard(s.req)
 

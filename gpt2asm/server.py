@@ -571,6 +571,8 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("gpt2asm_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("gpt2asm_prompt_tokens", "prompt tokens of accepted completions", registry=r)
+        self.cached_tokens = Counter("gpt2asm_prompt_tokens_cached", "prompt tokens a slot's KV cache held "
+                                     "already (not prefilled again)", registry=r)
         self.generated = Counter("gpt2asm_generation_tokens", "tokens generated", registry=r)
         self.finished = Counter("gpt2asm_sequences_finished", "sequences finished", ["finish_reason"], registry=r)
         occ = Gauge("gpt2asm_batch_occupancy", "sequences in the batch (KV slots in use)", registry=r)
@@ -923,6 +925,7 @@ def create_app(state: App):
                 last[ev.index] = ev.t
             else:
                 mt.finished.labels(ev.finish_reason).inc()
+                mt.cached_tokens.inc(ev.cached)
             try:
                 loop.call_soon_threadsafe(q.put_nowait, ev)
             except RuntimeError:                                 # the event loop is gone (shutdown)
@@ -939,7 +942,8 @@ def create_app(state: App):
         choices = [Choice(m, i, p, prompt_lp) for i in range(len(p["specs"]))]
         usage = lambda: {"prompt_tokens": sum(map(len, p["prompt_ids"])),    # noqa: E731
                          "completion_tokens": sum(c.n_tokens for c in choices),
-                         "total_tokens": sum(map(len, p["prompt_ids"])) + sum(c.n_tokens for c in choices)}
+                         "total_tokens": sum(map(len, p["prompt_ids"])) + sum(c.n_tokens for c in choices),
+                         "prompt_tokens_details": {"cached_tokens": sum(c.cached for c in choices)}}
 
         if not p["stream"]:
             try:
@@ -1036,6 +1040,7 @@ class Choice:
         self.prompt = index // p["n"]
         self.text, self.tokens, self.lps, self.tops, self.offs = "", [], [], [], []
         self.finish_reason = self.error = None
+        self.cached = 0                       # prompt tokens its slot's cache held (usage.prompt_tokens_details)
         self.prompt_lp = None if prompt_lp is None else prompt_lp[self.prompt]
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")   # as the scheduler's text
         self._chars = 0                       # characters of the generated tokens complete so far
@@ -1098,6 +1103,7 @@ class Choice:
             self.tops.append(top)
             self.offs.append(self._base + start)
         if ev.finish_reason is not None:
+            self.cached = ev.cached
             self.finish_reason = ev.finish_reason
             self.error = ev.error if ev.finish_reason == "error" else None
             self._held = []                   # all in the stop string (or never shown): not reported

@@ -191,6 +191,26 @@ def test_echo_offsets_and_empty_prompt(srv, ref):
     assert ch.logprobs.tokens[0] == "<|endoftext|>" and ch.logprobs.text_offset[:2] == [0, 13]
 
 
+def test_a_shared_prompt_prefix_is_cached(srv, ref):
+    """A request whose prompt begins with what a slot's KV cache holds (a shared system prompt) prefills only
+    the rest: usage.prompt_tokens_details.cached_tokens and gpt2asm_prompt_tokens_cached count what it took;
+    the text is GPT2.generate's alone."""
+    from gpt2asm.state import common_prefix
+    c = srv.client()
+    system = "You are a careful assistant who answers in one short sentence about the history of printing."
+    r = c.completions.create(model="tiny", prompt=system, max_tokens=4, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens < len(ref.encode(system))
+    before = srv.state.metrics.cached_tokens._value.get()
+    q = system + " Question: who was Gutenberg?"
+    r = c.completions.create(model="tiny", prompt=q, max_tokens=6, temperature=0)
+    assert r.choices[0].text == ref.generate(q, 6, temperature=0)
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert common_prefix(ref.encode(system), ref.encode(q)) <= cached < len(ref.encode(q)), cached
+    assert srv.state.metrics.cached_tokens._value.get() == before + cached
+    st, text = http(srv.url + "/metrics")
+    assert st == 200 and "gpt2asm_prompt_tokens_cached_total" in text
+
+
 def test_side_endpoints(srv, ref):
     assert http(srv.url + "/health") == (200, {"status": "ok"})
     st, body = http(srv.url + "/tokenize", {"prompt": "Hello world"})
