@@ -66,25 +66,26 @@ _BLOCK_RE = re.compile(r"^h\.(\d{1,9})\.")                              # (longe
 # aligned arrays and the tiled layout
 # ----------------------------------------------------------------------------------------------------
 
-def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
-    """Uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
+def _aligned(shape, dtype, align: int, alloc) -> np.ndarray:
+    """A C-contiguous array of shape and dtype starting on an `align`-byte boundary, cut from a byte buffer
+    that alloc (np.empty or np.zeros) makes."""
     shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    buf = np.empty(nbytes + align, dtype=np.uint8)
+    buf = alloc(nbytes + align, dtype=np.uint8)
     start = (-buf.ctypes.data) % align
     return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
+    """Uninitialised C-contiguous array whose data starts on an `align`-byte boundary."""
+    return _aligned(shape, dtype, align, np.empty)
 
 
 def aligned_zeros(shape, dtype, align: int = ALIGN) -> np.ndarray:
     """Zeroed aligned_empty: calloc'd, so a large array is the system's zero pages, each faulted in when
     first touched (a KV cache of which a short text uses a few pages costs no pass over the whole)."""
-    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    buf = np.zeros(nbytes + align, dtype=np.uint8)
-    start = (-buf.ctypes.data) % align
-    return buf[start:start + nbytes].view(dtype).reshape(shape)
+    return _aligned(shape, dtype, align, np.zeros)
 
 
 def _engine_dtype(dtype) -> np.dtype:
