@@ -41,6 +41,7 @@ from .kernels import Kernels
 from .model import Transformer
 from .safefs import os_error_text
 from .sampler import Sampler
+from .state import common_prefix
 from .tokenizer import Tokenizer, check_fits
 from .tilecache import load_weights_cached as load_weights   # warm start: tiles mapped from disk
 from .weights import MATRIX_DTYPES, Q0_DTYPES
@@ -456,12 +457,7 @@ class Session:
 
     def _prefill(self, ids: list[int]):
         """Feed ids, reusing the cached prefix; model.prefill's (logits, argmax) after the last one."""
-        p = 0
-        for a, b in zip(self.tokens, ids):
-            if a != b:
-                break
-            p += 1
-        p = min(p, len(ids) - 1)                      # the last token is always fed: its logits are needed
+        p = min(common_prefix(self.tokens, ids), len(ids) - 1)    # the last token is always fed (its logits)
         del self.tokens[p:]
         self._state.n = p                             # positions ≥ p are overwritten as they are fed
         self.reused, self.prefilled = p, len(ids) - p
